@@ -1,0 +1,173 @@
+// Package api holds den's wire types: the JSON documents of the HTTP API, the
+// error document and its kinds, and the framed byte stream used for command
+// output. It depends on the standard library only, so the SDK, the daemon and
+// the in-sandbox agent can all share it without pulling in each other.
+package api
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Version is the API version prefix of every path.
+const Version = "v1"
+
+// Sandbox states.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StateStopped  = "stopped"
+	StateRemoving = "removing"
+)
+
+// Sandbox is the record of one sandbox.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name,omitempty"`
+	Image     string            `json:"image"`
+	Runtime   string            `json:"runtime"`
+	State     string            `json:"state"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Env       []string          `json:"env,omitempty"`
+	Workdir   string            `json:"workdir,omitempty"`
+	User      string            `json:"user,omitempty"`
+	Hostname  string            `json:"hostname"`
+	Limits    Limits            `json:"limits"`
+	TTL       Duration          `json:"ttl,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	StartedAt time.Time         `json:"started_at,omitzero"`
+	ExpiresAt time.Time         `json:"expires_at,omitzero"`
+	// Pid is the host pid of the sandbox's agent (PID 1 inside), while running.
+	Pid int `json:"pid,omitempty"`
+}
+
+// Limits are a sandbox's resource limits. Zero means the daemon's default.
+type Limits struct {
+	CPUs   float64 `json:"cpus,omitempty"`
+	Memory Size    `json:"memory,omitempty"`
+	Pids   int     `json:"pids,omitempty"`
+}
+
+// CreateRequest is the body of POST /v1/sandboxes.
+type CreateRequest struct {
+	Name    string            `json:"name,omitempty"`
+	Image   string            `json:"image,omitempty"` // default "host"
+	Labels  map[string]string `json:"labels,omitempty"`
+	Env     []string          `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	User    string            `json:"user,omitempty"`
+	Limits  Limits            `json:"limits,omitzero"`
+	TTL     Duration          `json:"ttl,omitempty"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+//
+// Exactly one of Cmd (an argv) and Shell (a string run by /bin/sh -c) is set.
+type ExecRequest struct {
+	Cmd     []string `json:"cmd,omitempty"`
+	Shell   string   `json:"shell,omitempty"`
+	Env     []string `json:"env,omitempty"`
+	Workdir string   `json:"workdir,omitempty"`
+	User    string   `json:"user,omitempty"`
+	// Stdin is written to the command's standard input, which is then closed.
+	// Without it the command's stdin is /dev/null.
+	Stdin   []byte   `json:"stdin,omitempty"`
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// Exit reasons.
+const (
+	ReasonExited   = "exited"   // the command exited by itself; see ExitCode
+	ReasonSignaled = "signaled" // killed by a signal; see Signal
+	ReasonTimeout  = "timeout"  // the server-side timeout killed its process group
+	ReasonOOM      = "oom"      // killed by the out-of-memory killer
+	ReasonFailed   = "failed"   // it could not be started; see Error
+)
+
+// ExitStatus is how a command ended.
+type ExitStatus struct {
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	Reason   string `json:"reason"`
+	Error    string `json:"error,omitempty"`
+	// Duration is the wall time from start to exit.
+	Duration Duration `json:"duration"`
+	// CPU is user+system CPU time of the command and its reaped children.
+	CPU Duration `json:"cpu,omitempty"`
+	// MaxRSS is the peak resident set size of the largest process, in bytes.
+	MaxRSS int64 `json:"max_rss,omitempty"`
+}
+
+// ExecResult is the JSON answer of a non-streaming exec.
+type ExecResult struct {
+	ExitStatus
+	Stdout []byte `json:"stdout"`
+	Stderr []byte `json:"stderr"`
+	// Truncated is set when output went past the capture limit; use the
+	// streaming form for large output.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// FileInfo describes one file inside a sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Type    string    `json:"type"` // file, dir, symlink, other
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits and setuid/setgid/sticky
+	ModTime time.Time `json:"mod_time"`
+	UID     int       `json:"uid"`
+	GID     int       `json:"gid"`
+	Target  string    `json:"target,omitempty"` // symlink target
+}
+
+// MkdirRequest is the body of POST /v1/sandboxes/{id}/files/mkdir.
+type MkdirRequest struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode,omitempty"` // default 0755
+	Parents bool   `json:"parents,omitempty"`
+}
+
+// RenameRequest is the body of POST /v1/sandboxes/{id}/files/rename.
+type RenameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// Image is the record of one image.
+type Image struct {
+	Name      string      `json:"name"`
+	ID        string      `json:"id"`
+	Layers    []string    `json:"layers,omitempty"`
+	Size      int64       `json:"size"`
+	CreatedAt time.Time   `json:"created_at"`
+	Config    ImageConfig `json:"config,omitzero"`
+}
+
+// ImageConfig is the part of an image's configuration applied to sandboxes.
+type ImageConfig struct {
+	Env          []string          `json:"env,omitempty"`
+	Workdir      string            `json:"workdir,omitempty"`
+	User         string            `json:"user,omitempty"`
+	Cmd          []string          `json:"cmd,omitempty"`
+	Entrypoint   []string          `json:"entrypoint,omitempty"`
+	ExposedPorts []string          `json:"exposed_ports,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+}
+
+// Event is one entry of the event log.
+type Event struct {
+	Seq     int64           `json:"seq"`
+	Time    time.Time       `json:"time"`
+	Sandbox string          `json:"sandbox,omitempty"`
+	Type    string          `json:"type"`
+	Data    json.RawMessage `json:"data,omitempty"`
+}
+
+// VersionInfo is the answer of GET /v1/version.
+type VersionInfo struct {
+	Version  string   `json:"version"`
+	Go       string   `json:"go"`
+	Runtimes []string `json:"runtimes"`
+	Cgroup   string   `json:"cgroup,omitempty"`
+}

@@ -1,0 +1,324 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"golang.org/x/sys/unix"
+)
+
+// launcher owns one locked OS thread. Confinement (capabilities, seccomp,
+// no_new_privs, cgroup namespace) is applied to that thread only, and every
+// command is forked from it, so commands inherit the confinement while the
+// agent's other threads keep what they need to serve files.
+type launcher struct {
+	reqs chan *launchReq
+}
+
+type launchReq struct {
+	path string
+	argv []string
+	attr *syscall.ProcAttr
+	reg  func(pid int) // registers the pid with the reaper before it can be reaped
+	pid  int
+	err  error
+	done chan struct{}
+}
+
+func startLauncher(setup func() error) (*launcher, error) {
+	l := &launcher{reqs: make(chan *launchReq)}
+	ready := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the agent
+		if setup != nil {
+			if err := setup(); err != nil {
+				ready <- err
+				return
+			}
+		}
+		ready <- nil
+		for r := range l.reqs {
+			r.pid, r.err = l.fork(r)
+			close(r.done)
+		}
+	}()
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *launcher) fork(r *launchReq) (int, error) {
+	reaper.mu.Lock()
+	defer reaper.mu.Unlock()
+	pid, err := syscall.ForkExec(r.path, r.argv, r.attr)
+	if err == nil {
+		r.reg(pid)
+	}
+	return pid, err
+}
+
+func (l *launcher) start(path string, argv []string, attr *syscall.ProcAttr, reg func(int)) (int, error) {
+	r := &launchReq{path: path, argv: argv, attr: attr, reg: reg, done: make(chan struct{})}
+	l.reqs <- r
+	<-r.done
+	return r.pid, r.err
+}
+
+// exitInfo is what wait4 reports for one process.
+type exitInfo struct {
+	status syscall.WaitStatus
+	rusage syscall.Rusage
+}
+
+// The reaper collects every child that exits (the agent is PID 1, so that
+// includes orphans re-parented to it) and hands statuses to their owners.
+var reaper = struct {
+	mu      sync.Mutex
+	waiters map[int]chan exitInfo
+	once    sync.Once
+}{waiters: map[int]chan exitInfo{}}
+
+func startReaper() {
+	reaper.once.Do(func() {
+		ch := make(chan os.Signal, 64)
+		signal.Notify(ch, syscall.SIGCHLD)
+		go func() {
+			for range ch {
+				reapAll()
+			}
+		}()
+	})
+}
+
+func reapAll() {
+	for {
+		var ws syscall.WaitStatus
+		var ru syscall.Rusage
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, &ru)
+		if pid <= 0 || err != nil {
+			return
+		}
+		reaper.mu.Lock()
+		if w, ok := reaper.waiters[pid]; ok {
+			delete(reaper.waiters, pid)
+			w <- exitInfo{ws, ru}
+		}
+		reaper.mu.Unlock()
+	}
+}
+
+// register must be called with reaper.mu held (the launcher does).
+func registerPid(pid int) chan exitInfo {
+	ch := make(chan exitInfo, 1)
+	reaper.waiters[pid] = ch
+	return ch
+}
+
+// Process is one command started by the agent.
+type Process struct {
+	ID      string
+	Pid     int
+	Argv    []string
+	Started time.Time
+	stdout  *ring
+	stderr  *ring
+	stdinW  *os.File
+
+	mu       sync.Mutex
+	done     chan struct{}
+	status   api.ExitStatus
+	timedOut bool
+}
+
+// Done is closed when the process has exited and its output is complete.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Status is valid after Done.
+func (p *Process) Status() api.ExitStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status
+}
+
+// Signal sends sig to the process group.
+func (p *Process) Signal(sig syscall.Signal) error {
+	return syscall.Kill(-p.Pid, sig)
+}
+
+// outputGrace is how long output is still collected after the command
+// exited, for pipes held open by its background children.
+const outputGrace = 250 * time.Millisecond
+
+var procSeq struct {
+	sync.Mutex
+	n int
+}
+
+func nextProcID() string {
+	procSeq.Lock()
+	defer procSeq.Unlock()
+	procSeq.n++
+	return "p" + strconv.Itoa(procSeq.n)
+}
+
+// spawn starts a command. spec must be resolved (absolute path, env, dir, ids).
+func (a *Agent) spawn(spec *resolved) (*Process, error) {
+	devnull, err := os.Open("/dev/null")
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/null: %w", err)
+	}
+	defer devnull.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("stderr pipe: %w", err)
+	}
+	stdin := devnull
+	var inW *os.File
+	if spec.stdin != nil || spec.stdinOpen {
+		var inR *os.File
+		inR, inW, err = os.Pipe()
+		if err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return nil, fmt.Errorf("stdin pipe: %w", err)
+		}
+		defer inR.Close()
+		stdin = inR
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   spec.dir,
+		Env:   spec.env,
+		Files: []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()},
+		Sys: &syscall.SysProcAttr{
+			Setpgid:    true,
+			Credential: &syscall.Credential{Uid: spec.uid, Gid: spec.gid, Groups: spec.groups},
+			Pdeathsig:  0,
+		},
+	}
+	p := &Process{
+		ID:      nextProcID(),
+		Argv:    spec.argv,
+		stdout:  newRing(a.opts.OutputLimit),
+		stderr:  newRing(a.opts.OutputLimit),
+		stdinW:  inW,
+		done:    make(chan struct{}),
+		Started: time.Now(),
+	}
+	var wait chan exitInfo
+	pid, err := a.launch.start(spec.path, spec.argv, attr, func(pid int) { wait = registerPid(pid) })
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if inW != nil {
+			inW.Close()
+		}
+		return nil, err
+	}
+	p.Pid = pid
+	if inW != nil && spec.stdin != nil {
+		go func() {
+			inW.Write(spec.stdin)
+			if !spec.stdinOpen {
+				inW.Close()
+			}
+		}()
+	}
+	var timer *time.Timer
+	if spec.timeout > 0 {
+		timer = time.AfterFunc(spec.timeout, func() {
+			p.mu.Lock()
+			p.timedOut = true
+			p.mu.Unlock()
+			syscall.Kill(-pid, syscall.SIGKILL)
+		})
+	}
+	pumps := sync.WaitGroup{}
+	pumps.Add(2)
+	go pump(outR, p.stdout, &pumps)
+	go pump(errR, p.stderr, &pumps)
+	go func() {
+		info := <-wait
+		if timer != nil {
+			timer.Stop()
+		}
+		end := time.Now()
+		// Wait for the pipes to drain; background children may hold them.
+		drained := make(chan struct{})
+		go func() { pumps.Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-time.After(outputGrace):
+			outR.SetReadDeadline(time.Now())
+			errR.SetReadDeadline(time.Now())
+			<-drained
+		}
+		p.mu.Lock()
+		p.status = exitStatus(info, end.Sub(p.Started), p.timedOut)
+		p.mu.Unlock()
+		if p.stdinW != nil {
+			p.stdinW.Close()
+		}
+		p.stdout.Close()
+		p.stderr.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func pump(r *os.File, dst *ring, wg *sync.WaitGroup) {
+	defer wg.Done()
+	defer r.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			dst.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func exitStatus(info exitInfo, wall time.Duration, timedOut bool) api.ExitStatus {
+	st := api.ExitStatus{
+		Duration: api.Duration(wall),
+		CPU:      api.Duration(time.Duration(info.rusage.Utime.Nano() + info.rusage.Stime.Nano())),
+		MaxRSS:   info.rusage.Maxrss * 1024,
+	}
+	ws := info.status
+	switch {
+	case timedOut:
+		st.Reason = api.ReasonTimeout
+		st.ExitCode = 124
+		if ws.Signaled() {
+			st.Signal = unix.SignalName(ws.Signal())
+		}
+	case ws.Signaled():
+		st.Reason = api.ReasonSignaled
+		st.Signal = unix.SignalName(ws.Signal())
+		st.ExitCode = 128 + int(ws.Signal())
+	default:
+		st.Reason = api.ReasonExited
+		st.ExitCode = ws.ExitStatus()
+	}
+	return st
+}
