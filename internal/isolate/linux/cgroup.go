@@ -1,0 +1,201 @@
+package linux
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/den-dev/den/internal/isolate"
+)
+
+// cgroups places boxes in cgroups on either cgroup v2 (unified) or v1
+// (one hierarchy per controller), whichever the host has.
+type cgroups struct {
+	v2   bool
+	root string // /sys/fs/cgroup
+	name string // "den": the parent group of every box
+}
+
+var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids"}
+
+func detectCgroups(root, name string) (*cgroups, error) {
+	cg := &cgroups{root: root, name: name}
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		cg.v2 = true
+		if err := os.MkdirAll(filepath.Join(root, name), 0o755); err != nil {
+			return nil, fmt.Errorf("create cgroup %s: %w", name, err)
+		}
+		for _, dir := range []string{root, filepath.Join(root, name)} {
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu +memory +pids"), 0); err != nil {
+				return nil, fmt.Errorf("enable cgroup v2 controllers in %s: %w", dir, err)
+			}
+		}
+		return cg, nil
+	}
+	for _, c := range v1Controllers {
+		if _, err := os.Stat(filepath.Join(root, c)); err != nil {
+			return nil, fmt.Errorf("no cgroup v2 at %s and no v1 %s controller: %w", root, c, err)
+		}
+		if err := os.MkdirAll(filepath.Join(root, c, name), 0o755); err != nil {
+			return nil, fmt.Errorf("create cgroup %s/%s: %w", c, name, err)
+		}
+	}
+	return cg, nil
+}
+
+func (cg *cgroups) Version() string {
+	if cg.v2 {
+		return "v2"
+	}
+	return "v1"
+}
+
+func (cg *cgroups) dirs(id string) []string {
+	if cg.v2 {
+		return []string{filepath.Join(cg.root, cg.name, id)}
+	}
+	var d []string
+	for _, c := range v1Controllers {
+		d = append(d, filepath.Join(cg.root, c, cg.name, id))
+	}
+	return d
+}
+
+func (cg *cgroups) dir(id, controller string) string {
+	if cg.v2 {
+		return filepath.Join(cg.root, cg.name, id)
+	}
+	return filepath.Join(cg.root, controller, cg.name, id)
+}
+
+// Create makes the box's groups and sets its limits.
+func (cg *cgroups) Create(id string, l isolate.Limits) error {
+	for _, d := range cg.dirs(id) {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create cgroup: %w", err)
+		}
+	}
+	if !cg.v2 {
+		// Keep OOM kills inside the group and let the kernel report them.
+		write(filepath.Join(cg.dir(id, "memory"), "memory.swappiness"), "0")
+	}
+	return cg.SetLimits(id, l)
+}
+
+func write(path, v string) error {
+	if err := os.WriteFile(path, []byte(v), 0); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// SetLimits applies l; zero fields mean unlimited.
+func (cg *cgroups) SetLimits(id string, l isolate.Limits) error {
+	const period = 100000
+	if cg.v2 {
+		d := cg.dir(id, "")
+		mem, cpu, pids := "max", "max", "max"
+		if l.Memory > 0 {
+			mem = strconv.FormatInt(l.Memory, 10)
+		}
+		if l.CPUs > 0 {
+			cpu = strconv.Itoa(int(l.CPUs * period))
+		}
+		if l.Pids > 0 {
+			pids = strconv.Itoa(l.Pids)
+		}
+		if err := write(filepath.Join(d, "memory.max"), mem); err != nil {
+			return err
+		}
+		if l.Memory > 0 {
+			write(filepath.Join(d, "memory.swap.max"), "0") // absent without swap accounting
+		}
+		if err := write(filepath.Join(d, "cpu.max"), cpu+" "+strconv.Itoa(period)); err != nil {
+			return err
+		}
+		return write(filepath.Join(d, "pids.max"), pids)
+	}
+	mem := "-1"
+	if l.Memory > 0 {
+		mem = strconv.FormatInt(l.Memory, 10)
+	}
+	md := cg.dir(id, "memory")
+	if err := write(filepath.Join(md, "memory.limit_in_bytes"), mem); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(md, "memory.memsw.limit_in_bytes")); err == nil {
+		write(filepath.Join(md, "memory.memsw.limit_in_bytes"), mem)
+	}
+	cd := cg.dir(id, "cpu")
+	if err := write(filepath.Join(cd, "cpu.cfs_period_us"), strconv.Itoa(period)); err != nil {
+		return err
+	}
+	quota := "-1"
+	if l.CPUs > 0 {
+		quota = strconv.Itoa(int(l.CPUs * period))
+	}
+	if err := write(filepath.Join(cd, "cpu.cfs_quota_us"), quota); err != nil {
+		return err
+	}
+	pids := "max"
+	if l.Pids > 0 {
+		pids = strconv.Itoa(l.Pids)
+	}
+	return write(filepath.Join(cg.dir(id, "pids"), "pids.max"), pids)
+}
+
+// Add moves pid into the box's groups.
+func (cg *cgroups) Add(id string, pid int) error {
+	for _, d := range cg.dirs(id) {
+		if err := write(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// OOMKills reads the kernel's count of OOM kills in the box's memory group.
+func (cg *cgroups) OOMKills(id string) uint64 {
+	file := "memory.oom_control"
+	if cg.v2 {
+		file = "memory.events"
+	}
+	f, err := os.Open(filepath.Join(cg.dir(id, "memory"), file))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// Remove deletes the box's groups, waiting briefly for exiting processes.
+// It is idempotent.
+func (cg *cgroups) Remove(id string) error {
+	var last error
+	for _, d := range cg.dirs(id) {
+		for i := 0; ; i++ {
+			err := os.Remove(d)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if i == 200 {
+				last = fmt.Errorf("remove cgroup %s: %w", d, err)
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return last
+}

@@ -1,0 +1,440 @@
+// Package linux is den's first isolation tier: each box is a set of fresh
+// Linux namespaces (user, mount, pid, net, uts, ipc, cgroup) whose root is
+// an overlayfs of id-mapped read-only image layers and a per-box upper
+// directory, with cgroup limits, a container capability set, no_new_privs
+// and a seccomp filter on every command. The den agent runs as PID 1.
+package linux
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/isolate"
+	"golang.org/x/sys/unix"
+)
+
+// IDRange is the number of ids mapped into each box.
+const IDRange = 65536
+
+// initArg is the hidden argv[1] that makes the den binary a box's init.
+const initArg = "__sandbox-init"
+
+// Runtime is the linux tier.
+type Runtime struct {
+	runDir string // transient mount points and agent sockets
+	cg     *cgroups
+	exe    *os.File // sealed copy of the den binary executed as each box's init
+
+	mu     sync.Mutex
+	userns map[int]*os.File // uid base → a user namespace with that mapping
+}
+
+// Config configures the runtime.
+type Config struct {
+	RunDir     string // default /run/den/linux
+	CgroupRoot string // default /sys/fs/cgroup
+	CgroupName string // default "den"
+}
+
+// New checks the host and prepares the runtime.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.RunDir == "" {
+		cfg.RunDir = "/run/den/linux"
+	}
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = "/sys/fs/cgroup"
+	}
+	if cfg.CgroupName == "" {
+		cfg.CgroupName = "den"
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the linux runtime needs root (run den serve as root)")
+	}
+	cg, err := detectCgroups(cfg.CgroupRoot, cfg.CgroupName)
+	if err != nil {
+		return nil, err
+	}
+	// Boxes' init processes run as unprivileged host ids, so every
+	// directory on the way to their mount points must be searchable.
+	if err := mkdirSearchable(cfg.RunDir); err != nil {
+		return nil, err
+	}
+	// Make the run directory a private mount so mounts made under it never
+	// propagate into (or out of) other mount namespaces.
+	if err := makePrivateMount(cfg.RunDir); err != nil {
+		return nil, err
+	}
+	exe, err := sealedSelf()
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{runDir: cfg.RunDir, cg: cg, exe: exe, userns: map[int]*os.File{}}, nil
+}
+
+// Name is "linux".
+func (r *Runtime) Name() string { return "linux" }
+
+// CgroupVersion is "v1" or "v2".
+func (r *Runtime) CgroupVersion() string { return r.cg.Version() }
+
+func mkdirSearchable(dir string) error {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(d, st.Mode().Perm()|0o011); err != nil {
+				return fmt.Errorf("make %s searchable: %w", d, err)
+			}
+		}
+	}
+	return nil
+}
+
+func makePrivateMount(dir string) error {
+	mounted, err := isMountPoint(dir)
+	if err != nil {
+		return err
+	}
+	if !mounted {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make %s private: %w", dir, err)
+	}
+	return nil
+}
+
+func isMountPoint(dir string) (bool, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == dir {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// sealedSelf copies the running binary into a sealed memfd, so a box's
+// init is exec'd from a copy no process in any box can modify, and the
+// binary need not be readable by the boxes' unprivileged host ids.
+func sealedSelf() (*os.File, error) {
+	src, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return nil, fmt.Errorf("open own binary: %w", err)
+	}
+	defer src.Close()
+	fd, err := unix.MemfdCreate("den", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	mf := os.NewFile(uintptr(fd), "den")
+	defer mf.Close()
+	if _, err := io.Copy(mf, src); err != nil {
+		return nil, fmt.Errorf("copy own binary: %w", err)
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(mf.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		return nil, fmt.Errorf("seal own binary: %w", err)
+	}
+	// A high descriptor number, so fork/exec's fd shuffling never lands on it.
+	nfd, err := unix.FcntlInt(mf.Fd(), unix.F_DUPFD_CLOEXEC, 100)
+	if err != nil {
+		return nil, fmt.Errorf("dup own binary: %w", err)
+	}
+	return os.NewFile(uintptr(nfd), "den"), nil
+}
+
+// mapping returns a user namespace whose uid and gid maps send 0..65535 to
+// base..base+65535. Id-mapped mounts of image layers are made with it.
+func (r *Runtime) mapping(base int) (*os.File, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f, ok := r.userns[base]; ok {
+		return f, nil
+	}
+	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", r.exe.Fd()), "__userns-hold")
+	cmd.Args[0] = "den"
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: IDRange}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: IDRange}},
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("create user namespace for ids %d: %w", base, err)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
+	stdin.Close()
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("open user namespace: %w", err)
+	}
+	r.userns[base] = f
+	return f, nil
+}
+
+// HoldUserns is the body of the hidden "__userns-hold" verb: it waits for
+// its stdin to close.
+func HoldUserns() {
+	io.Copy(io.Discard, os.Stdin)
+}
+
+type box struct {
+	rt   *Runtime
+	spec *isolate.Spec
+	cmd  *exec.Cmd
+	pid  int
+	ag   *agent.Client
+	done chan struct{}
+	stop sync.Once
+}
+
+func (b *box) Agent() *agent.Client             { return b.ag }
+func (b *box) Pid() int                         { return b.pid }
+func (b *box) Done() <-chan struct{}            { return b.done }
+func (b *box) OOMKills() uint64                 { return b.rt.cg.OOMKills(b.spec.ID) }
+func (b *box) SetLimits(l isolate.Limits) error { return b.rt.cg.SetLimits(b.spec.ID, l) }
+
+// initConfig is what the daemon sends a box's init over its config pipe.
+type initConfig struct {
+	Rootfs   string `json:"rootfs"`
+	Hostname string `json:"hostname"`
+}
+
+func (r *Runtime) boxRun(id string) string { return filepath.Join(r.runDir, id) }
+
+// Start boots a box.
+func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box, err error) {
+	if len(spec.Layers) == 0 || spec.Layers[0].Target != "/" {
+		return nil, errors.New("the first layer must be mounted at /")
+	}
+	if spec.UIDBase <= 0 {
+		return nil, errors.New("no uid range assigned")
+	}
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	run := r.boxRun(spec.ID)
+	rootfs := filepath.Join(run, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o711); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	os.Chmod(run, 0o711)
+	cleanup = append(cleanup, func() { os.RemoveAll(run) })
+
+	ns, err := r.mapping(spec.UIDBase)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.mountRoot(spec, rootfs, ns); err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { unix.Unmount(rootfs, unix.MNT_DETACH) })
+
+	if err := r.cg.Create(spec.ID, spec.Limits); err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { r.cg.Remove(spec.ID) })
+
+	sock := filepath.Join(run, "agent.sock")
+	os.Remove(sock)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen for agent: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("agent listener: %w", err)
+	}
+	defer lnFile.Close()
+
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer cfgR.Close()
+	defer cfgW.Close()
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer stR.Close()
+	defer stW.Close()
+
+	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", r.exe.Fd()), initArg)
+	cmd.Args[0] = "den-init"
+	cmd.Env = []string{"GOMAXPROCS=1", "GOGC=50", "GODEBUG=madvdontneed=1"}
+	cmd.ExtraFiles = []*os.File{cfgR, lnFile, stW}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setsid: true,
+		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
+			syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: spec.UIDBase, Size: IDRange}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: spec.UIDBase, Size: IDRange}},
+		GidMappingsEnableSetgroups: true,
+		// Become root of the new namespace (host id UIDBase) before exec,
+		// so the init keeps its capabilities inside the namespace.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start box init: %w", err)
+	}
+	cleanup = append(cleanup, func() { cmd.Process.Kill(); cmd.Wait() })
+	cfgR.Close()
+	stW.Close()
+	if err := r.cg.Add(spec.ID, cmd.Process.Pid); err != nil {
+		return nil, err
+	}
+	if err := json.NewEncoder(cfgW).Encode(initConfig{Rootfs: rootfs, Hostname: spec.Hostname}); err != nil {
+		return nil, fmt.Errorf("send box config: %w", err)
+	}
+	cfgW.Close()
+	// The init writes nothing and closes its end when the agent is ready,
+	// or writes the error that stopped it.
+	stR.SetReadDeadline(time.Now().Add(30 * time.Second))
+	msg, err := io.ReadAll(io.LimitReader(stR, 4096))
+	if err != nil {
+		return nil, fmt.Errorf("wait for box init: %w", err)
+	}
+	if len(msg) > 0 {
+		return nil, fmt.Errorf("box init: %s", msg)
+	}
+	// The box's mount namespace holds its own copy of the root now.
+	unix.Unmount(rootfs, unix.MNT_DETACH)
+
+	b := &box{rt: r, spec: spec, cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
+	b.ag = agent.UnixClient(sock)
+	go func() { cmd.Wait(); close(b.done) }()
+	return b, nil
+}
+
+// mountRoot mounts the box's overlays at rootfs in the host's mount
+// namespace, with every lower layer id-mapped through ns.
+func (r *Runtime) mountRoot(spec *isolate.Spec, rootfs string, ns *os.File) (err error) {
+	mounted := 0
+	defer func() {
+		if err != nil && mounted > 0 {
+			unix.Unmount(rootfs, unix.MNT_DETACH)
+		}
+	}()
+	for _, l := range spec.Layers {
+		upper := filepath.Join(spec.Dir, "upper", l.Name)
+		work := filepath.Join(spec.Dir, "work", l.Name)
+		for _, d := range []string{upper, work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("create layer dir: %w", err)
+			}
+		}
+		if st, err := os.Stat(upper); err == nil && st.Sys().(*syscall.Stat_t).Uid == 0 {
+			if err := os.Chown(upper, spec.UIDBase, spec.UIDBase); err != nil {
+				return fmt.Errorf("chown upper: %w", err)
+			}
+		}
+		var lowers []string
+		var fds []int
+		closeFds := func() {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}
+		for i := len(l.Lowers) - 1; i >= 0; i-- { // overlayfs wants the top first
+			fd, err := idmapped(l.Lowers[i], ns)
+			if err != nil {
+				closeFds()
+				return err
+			}
+			fds = append(fds, fd)
+			lowers = append(lowers, fmt.Sprintf("/proc/self/fd/%d", fd))
+		}
+		target := filepath.Join(rootfs, l.Target)
+		opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work + ",index=off,metacopy=off,redirect_dir=off,xino=off"
+		err := unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
+		closeFds()
+		if err != nil {
+			return fmt.Errorf("mount overlay at %s: %w", l.Target, err)
+		}
+		mounted++
+	}
+	return nil
+}
+
+// idmapped returns a detached, read-only mount of dir whose ids are shifted
+// by the user namespace ns.
+func idmapped(dir string, ns *os.File) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("open_tree %s: %w", dir, err)
+	}
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY, Userns_fd: uint64(ns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("id-map %s: %w (the filesystem must support id-mapped mounts)", dir, err)
+	}
+	return fd, nil
+}
+
+// Stop kills the box's init, which takes every process of its pid
+// namespace with it, and removes its cgroups. Storage stays.
+func (b *box) Stop(ctx context.Context) error {
+	var err error
+	b.stop.Do(func() {
+		b.cmd.Process.Kill()
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			err = ctx.Err()
+			return
+		}
+		b.ag.Close()
+		err = b.rt.cg.Remove(b.spec.ID)
+		os.RemoveAll(b.rt.boxRun(b.spec.ID))
+	})
+	return err
+}
+
+// Destroy removes the box's storage.
+func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
+	r.cg.Remove(spec.ID)
+	os.RemoveAll(r.boxRun(spec.ID))
+	if spec.Dir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(spec.Dir); err != nil {
+		return fmt.Errorf("remove box storage: %w", err)
+	}
+	return nil
+}

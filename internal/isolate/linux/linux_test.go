@@ -1,0 +1,143 @@
+package linux
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/isolate"
+)
+
+func TestMain(m *testing.M) {
+	if IsInit(os.Args[1:]) {
+		Init()
+	}
+	if len(os.Args) > 1 && os.Args[1] == "__userns-hold" {
+		HoldUserns()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// needRoot skips unless the machine can run the linux tier.
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the linux tier needs root")
+	}
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("no user namespaces")
+	}
+}
+
+// testSpec builds a tiny root: a skeleton with /etc/passwd and the host's
+// /usr (merged-usr symlinks) beneath it.
+func testSpec(t testing.TB, rt *Runtime, id string) *isolate.Spec {
+	t.Helper()
+	dir := t.TempDir()
+	skel := filepath.Join(dir, "skel")
+	for _, d := range []string{"etc", "usr", "tmp", "root", "proc", "sys", "dev"} {
+		os.MkdirAll(filepath.Join(skel, d), 0o755)
+	}
+	os.Chmod(filepath.Join(skel, "tmp"), 0o1777)
+	os.WriteFile(filepath.Join(skel, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"), 0o644)
+	os.WriteFile(filepath.Join(skel, "etc/group"), []byte("root:x:0:\n"), 0o644)
+	layers := []isolate.Overlay{{Target: "/", Lowers: []string{skel}, Name: "root"}}
+	for _, d := range []string{"bin", "sbin", "lib", "lib64"} {
+		if st, err := os.Lstat("/" + d); err == nil && st.Mode()&os.ModeSymlink != 0 {
+			target, _ := os.Readlink("/" + d)
+			os.Symlink(target, filepath.Join(skel, d))
+		}
+	}
+	layers = append(layers, isolate.Overlay{Target: "/usr", Lowers: []string{"/usr"}, Name: "usr"})
+	os.Chmod(dir, 0o711)
+	return &isolate.Spec{ID: id, Hostname: "box-" + id, Dir: filepath.Join(dir, "state"), Layers: layers, UIDBase: 200000 + 65536*7, Limits: isolate.Limits{Pids: 256, Memory: 256 << 20}}
+}
+
+func newRuntime(t testing.TB) *Runtime {
+	needRoot(t)
+	rt, err := New(Config{RunDir: filepath.Join("/run/den-test", strings.ReplaceAll(t.Name(), "/", "_")), CgroupName: "den-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+func run(t testing.TB, c *agent.Client, argv ...string) (string, string, api.ExitStatus) {
+	t.Helper()
+	rc, err := c.Exec(context.Background(), &agent.ExecSpec{Argv: argv, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatalf("exec %v: %v", argv, err)
+	}
+	defer rc.Close()
+	var out, errb bytes.Buffer
+	fr := api.NewFrameReader(rc)
+	for {
+		typ, p, err := fr.Next()
+		if err == io.EOF {
+			t.Fatalf("exec %v: stream ended without exit", argv)
+		}
+		if err != nil {
+			t.Fatalf("exec %v: %v", argv, err)
+		}
+		switch typ {
+		case api.FrameStdout:
+			out.Write(p)
+		case api.FrameStderr:
+			errb.Write(p)
+		case api.FrameExit:
+			var st api.ExitStatus
+			json.Unmarshal(p, &st)
+			return out.String(), errb.String(), st
+		case api.FrameError:
+			t.Fatalf("exec %v: error frame %s", argv, p)
+		}
+	}
+}
+
+func TestBoxBootsAndIsolates(t *testing.T) {
+	rt := newRuntime(t)
+	spec := testSpec(t, rt, "t1boot")
+	ctx := context.Background()
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Destroy(ctx, spec)
+	defer b.Stop(ctx)
+
+	out, _, st := run(t, b.Agent(), "/bin/sh", "-c", "echo $$; id -u; hostname; ls -ln /usr/bin/env | cut -d' ' -f3; cat /proc/self/status | grep -E '^(NoNewPrivs|Seccomp):'")
+	if st.ExitCode != 0 {
+		t.Fatalf("exit %+v out %q", st, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	t.Logf("%q", lines)
+	if lines[1] != "0" || lines[2] != "box-t1boot" || lines[3] != "0" {
+		t.Fatalf("want uid 0, hostname and root-owned image files inside; got %q", lines)
+	}
+	if !strings.Contains(out, "NoNewPrivs:\t1") || !strings.Contains(out, "Seccomp:\t2") {
+		t.Fatalf("commands not confined: %q", out)
+	}
+	// Writes go to the box's upper layer only.
+	_, _, st = run(t, b.Agent(), "/bin/sh", "-c", "echo hi > /usr/den-test-file && echo x >> /etc/passwd")
+	if st.ExitCode != 0 {
+		t.Fatalf("copy-up write failed: %+v", st)
+	}
+	if _, err := os.Stat("/usr/den-test-file"); err == nil {
+		t.Fatal("write inside the box reached the host's /usr")
+	}
+	if b, err := os.ReadFile(filepath.Join(spec.Dir, "upper/usr/den-test-file")); err != nil || string(b) != "hi\n" {
+		t.Fatalf("upper layer: %q %v", b, err)
+	}
+	// Host processes are invisible; mount and unshare are refused.
+	out, _, _ = run(t, b.Agent(), "/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'; unshare -U true 2>&1; mount -t tmpfs x /mnt 2>&1; echo done")
+	t.Logf("%s", out)
+}
