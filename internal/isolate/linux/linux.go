@@ -209,7 +209,7 @@ func HoldUserns() {
 type box struct {
 	rt   *Runtime
 	spec *isolate.Spec
-	cmd  *exec.Cmd
+	kill func() error
 	pid  int
 	ag   *agent.Client
 	done chan struct{}
@@ -336,7 +336,7 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 	// The box's mount namespace holds its own copy of the root now.
 	unix.Unmount(rootfs, unix.MNT_DETACH)
 
-	b := &box{rt: r, spec: spec, cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
+	b := &box{rt: r, spec: spec, kill: cmd.Process.Kill, pid: cmd.Process.Pid, done: make(chan struct{})}
 	b.ag = agent.UnixClient(sock)
 	go func() { cmd.Wait(); close(b.done) }()
 	return b, nil
@@ -412,7 +412,7 @@ func idmapped(dir string, ns *os.File) (int, error) {
 func (b *box) Stop(ctx context.Context) error {
 	var err error
 	b.stop.Do(func() {
-		b.cmd.Process.Kill()
+		b.kill()
 		select {
 		case <-b.done:
 		case <-ctx.Done():
@@ -437,4 +437,37 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 		return fmt.Errorf("remove box storage: %w", err)
 	}
 	return nil
+}
+
+// Load reattaches to a box that outlived the daemon that started it: pid
+// must still be that box's init, and its agent must answer.
+func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolate.Box, error) {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.HasPrefix(string(cmdline), "den-init\x00"+initArg) {
+		return nil, fmt.Errorf("box %s: pid %d is not its init", spec.ID, pid)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
+	}
+	b := &box{rt: r, spec: spec, pid: pid, done: make(chan struct{})}
+	b.kill = func() error { return unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) }
+	b.ag = agent.UnixClient(filepath.Join(r.boxRun(spec.ID), "agent.sock"))
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := b.ag.Ping(pctx); err != nil {
+		unix.Close(pidfd)
+		return nil, fmt.Errorf("box %s: agent does not answer: %w", spec.ID, err)
+	}
+	go func() {
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+				break
+			}
+		}
+		unix.Close(pidfd)
+		close(b.done)
+	}()
+	return b, nil
 }

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/sandbox"
+	"github.com/den-dev/den/internal/server"
+	"github.com/den-dev/den/internal/store"
+)
+
+const serveUsage = `den serve: run the den daemon
+
+Usage: den serve [flags]
+
+The daemon answers the HTTP API on a unix socket (root only) and, when
+asked, on TCP with a bearer token. The token is created at first start in
+DATA/token (mode 0600); clients on the same host read it from there, others
+pass it in DEN_TOKEN. State lives in DATA/den.db (SQLite). Sandboxes keep
+running when the daemon stops; the next daemon reattaches to them.
+
+Flags:
+`
+
+type listenFlag []string
+
+func (l *listenFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listenFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func cmdServe(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var listens listenFlag
+	fs.Var(&listens, "listen", "address to serve: unix:///path or tcp://127.0.0.1:7420 (repeatable; default unix:///run/den/den.sock)")
+	data := fs.String("data", envOr("DEN_DATA", "/var/lib/den"), "data directory (state, images, sandbox files)")
+	runDir := fs.String("run", "/run/den", "directory for transient mounts and agent sockets")
+	defMem := fs.String("default-memory", "2g", "memory limit for sandboxes that set none (0 = unlimited)")
+	defPids := fs.Int("default-pids", 4096, "process limit for sandboxes that set none (0 = unlimited)")
+	defCPUs := fs.Float64("default-cpus", 0, "CPU limit for sandboxes that set none (0 = unlimited)")
+	verbose := fs.Bool("v", false, "log debug messages")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), serveUsage)
+		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), "\nExample:\n  den serve --listen unix:///run/den/den.sock --listen tcp://127.0.0.1:7420\n")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return &usageError{verb: "serve", msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	mem, err := api.ParseSize(*defMem)
+	if err != nil {
+		return &usageError{verb: "serve", msg: "--default-memory: " + err.Error()}
+	}
+	if len(listens) == 0 {
+		listens = listenFlag{"unix://" + filepath.Join(*runDir, "den.sock")}
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if err := os.MkdirAll(*data, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	token, err := loadToken(filepath.Join(*data, "token"))
+	if err != nil {
+		return err
+	}
+	db, err := store.Open(filepath.Join(*data, "den.db"))
+	if err != nil {
+		return fmt.Errorf("open state: %w", err)
+	}
+	defer db.Close()
+	images, err := image.NewStore(filepath.Join(*data, "images"))
+	if err != nil {
+		return fmt.Errorf("open image store: %w", err)
+	}
+	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux")})
+	if err != nil {
+		return fmt.Errorf("linux runtime: %w", err)
+	}
+	ctx := context.Background()
+	m, err := sandbox.New(ctx, sandbox.Config{
+		DataDir: *data, Runtime: rt, Store: db, Images: images, Log: log,
+		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs},
+	})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	h := server.New(m, db, log, version, rt.CgroupVersion())
+
+	var servers []*http.Server
+	errc := make(chan error, len(listens))
+	for _, l := range listens {
+		ln, secure, err := listen(l)
+		if err != nil {
+			return err
+		}
+		var handler http.Handler = h
+		if !secure {
+			handler = server.WithToken(h, token)
+		}
+		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 1 << 20}
+		servers = append(servers, srv)
+		log.Info("listening", "addr", l)
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	select {
+	case s := <-sig:
+		log.Info("shutting down", "signal", s.String())
+	case err := <-errc:
+		log.Error("serve", "err", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, srv := range servers {
+		srv.Shutdown(sctx)
+	}
+	return nil
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// listen opens one --listen address. Unix sockets are root-only and need
+// no token; TCP needs the bearer token.
+func listen(addr string) (net.Listener, bool, error) {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return nil, false, &usageError{verb: "serve", msg: fmt.Sprintf("--listen %q: %v", addr, err)}
+	}
+	switch u.Scheme {
+	case "unix":
+		p := u.Path
+		if p == "" {
+			return nil, false, &usageError{verb: "serve", msg: fmt.Sprintf("--listen %q: no socket path", addr)}
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o711); err != nil {
+			return nil, false, err
+		}
+		if c, err := net.Dial("unix", p); err == nil {
+			c.Close()
+			return nil, false, fmt.Errorf("another daemon is already serving %s", p)
+		}
+		os.Remove(p)
+		old := syscall.Umask(0o177)
+		ln, err := net.Listen("unix", p)
+		syscall.Umask(old)
+		if err != nil {
+			return nil, false, fmt.Errorf("listen on %s: %w", p, err)
+		}
+		os.Chmod(p, 0o600)
+		return ln, true, nil
+	case "tcp":
+		if u.Host == "" {
+			return nil, false, &usageError{verb: "serve", msg: fmt.Sprintf("--listen %q: no host:port", addr)}
+		}
+		ln, err := net.Listen("tcp", u.Host)
+		if err != nil {
+			return nil, false, fmt.Errorf("listen on %s: %w", u.Host, err)
+		}
+		return ln, false, nil
+	}
+	return nil, false, &usageError{verb: "serve", msg: fmt.Sprintf("--listen %q: want unix:///path or tcp://host:port", addr)}
+}
+
+// loadToken reads the API token, creating it (mode 0600) on first start.
+func loadToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("read token: %w", err)
+	}
+	var r [32]byte
+	rand.Read(r[:])
+	t := hex.EncodeToString(r[:])
+	if err := os.WriteFile(path, []byte(t+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write token: %w", err)
+	}
+	return t, nil
+}

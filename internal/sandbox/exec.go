@@ -1,0 +1,130 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
+)
+
+// MaxStdin bounds the stdin bytes carried in one exec request.
+const MaxStdin = 32 << 20
+
+func validateExec(req *api.ExecRequest) error {
+	switch {
+	case len(req.Cmd) == 0 && req.Shell == "":
+		return api.FieldError("cmd", "give a command (cmd) or a shell string (shell)")
+	case len(req.Cmd) > 0 && req.Shell != "":
+		return api.FieldError("shell", "give either cmd or shell, not both")
+	case len(req.Cmd) > 0 && req.Cmd[0] == "":
+		return api.FieldError("cmd", "the program name is empty")
+	}
+	for _, a := range append(append([]string{}, req.Cmd...), req.Shell) {
+		if strings.ContainsRune(a, 0) {
+			return api.FieldError("cmd", "an argument contains a NUL byte")
+		}
+	}
+	if err := validateEnv("env", req.Env); err != nil {
+		return err
+	}
+	if req.Workdir != "" && !strings.HasPrefix(req.Workdir, "/") {
+		return api.FieldError("workdir", "%q is not an absolute path", req.Workdir)
+	}
+	if len(req.Stdin) > MaxStdin {
+		return api.FieldError("stdin", "more than %d bytes: stream large input with a file upload", MaxStdin)
+	}
+	return nil
+}
+
+// Exec runs a command in a sandbox. Output frames (started, stdout,
+// stderr, dropped) go to out as they come; the exit status is returned.
+// An error returned by out (the client went away) ends the exec early and
+// leaves the command running.
+func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out func(typ byte, payload []byte) error) (*api.ExitStatus, error) {
+	if err := validateExec(&req); err != nil {
+		return nil, err
+	}
+	ag, sb, err := m.Agent(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	b := m.box(sb.ID)
+	if b == nil {
+		return nil, api.Errorf(api.KindConflict, "sandbox %s stopped", sb.ID[:12])
+	}
+	argv := req.Cmd
+	if req.Shell != "" {
+		argv = []string{"/bin/sh", "-c", req.Shell}
+	}
+	env, dir, user := sb.Env, sb.Workdir, sb.User
+	if sb.Image != HostImage {
+		if img, err := m.Image(ctx, sb.Image); err == nil {
+			env = append(append([]string{}, img.Config.Env...), env...)
+			if dir == "" {
+				dir = img.Config.Workdir
+			}
+			if user == "" {
+				user = img.Config.User
+			}
+		}
+	}
+	if req.Workdir != "" {
+		dir = req.Workdir
+	}
+	if req.User != "" {
+		user = req.User
+	}
+	spec := &agent.ExecSpec{
+		Argv: argv, Env: append(append([]string{}, env...), req.Env...), Dir: dir, User: user,
+		Stdin: req.Stdin, Timeout: req.Timeout.D(),
+	}
+	oomBefore := b.OOMKills()
+	rc, err := ag.Exec(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	fr := api.NewFrameReader(rc)
+	for {
+		typ, p, err := fr.Next()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("sandbox %s: exec stream: %w", sb.ID[:12], err)
+		}
+		switch typ {
+		case api.FrameExit:
+			var st api.ExitStatus
+			if err := json.Unmarshal(p, &st); err != nil {
+				return nil, fmt.Errorf("sandbox %s: bad exit status: %w", sb.ID[:12], err)
+			}
+			if st.Signal == "SIGKILL" && st.Reason != api.ReasonTimeout && b.OOMKills() > oomBefore {
+				st.Reason, st.ExitCode = api.ReasonOOM, 137
+			}
+			m.event(sb.ID, "exec.end", map[string]any{
+				"cmd": argv, "user": user, "exit_code": st.ExitCode, "reason": st.Reason,
+				"signal": st.Signal, "duration": st.Duration, "cpu": st.CPU, "max_rss": st.MaxRSS,
+			})
+			return &st, nil
+		case api.FrameError:
+			var ae api.Error
+			if json.Unmarshal(p, &ae) != nil || ae.Kind == "" {
+				ae = api.Error{Kind: api.KindInternal, Message: string(p)}
+			}
+			return nil, &ae
+		default:
+			if err := out(typ, p); err != nil {
+				return nil, err
+			}
+		}
+	}
+}

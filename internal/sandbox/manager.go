@@ -1,0 +1,592 @@
+// Package sandbox is den's lifecycle manager: it validates requests, keeps
+// sandbox records in the store, picks each sandbox's image layers and id
+// range, boots and stops boxes through an isolate.Runtime, runs commands
+// through the box's agent, and expires sandboxes whose TTL has passed.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/store"
+)
+
+// Config wires a Manager.
+type Config struct {
+	DataDir  string
+	Runtime  isolate.Runtime
+	Store    *store.DB
+	Images   *image.Store
+	Defaults api.Limits // applied where a create request leaves a limit zero
+	Log      *slog.Logger
+}
+
+// First host id of the ranges given to sandboxes, and how many there are.
+const (
+	uidStart = 1 << 20
+	maxSlots = 16000
+)
+
+// Manager owns every sandbox of one daemon.
+type Manager struct {
+	cfg    Config
+	db     *store.DB
+	rt     isolate.Runtime
+	images *image.Store
+	log    *slog.Logger
+
+	mu    sync.Mutex
+	boxes map[string]isolate.Box // running sandboxes
+	slots map[int]string         // id range slot → sandbox id
+	locks map[string]*sync.Mutex // one lifecycle operation at a time per sandbox
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// record is a sandbox as stored: the API record plus what only the daemon needs.
+type record struct {
+	api.Sandbox
+	UIDBase int `json:"uid_base"`
+}
+
+// New loads the sandboxes in the store, reattaching to those still running.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	m := &Manager{
+		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
+		boxes: map[string]isolate.Box{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
+		stop: make(chan struct{}),
+	}
+	for _, d := range []string{m.sandboxesDir(), m.hostImageDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if err := m.recover(ctx); err != nil {
+		return nil, err
+	}
+	m.wg.Add(1)
+	go m.expireLoop()
+	return m, nil
+}
+
+func (m *Manager) sandboxesDir() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
+func (m *Manager) hostImageDir() string { return filepath.Join(m.cfg.DataDir, "images", "host") }
+
+// Close stops background work. Running sandboxes keep running; the next
+// daemon reattaches to them.
+func (m *Manager) Close() {
+	close(m.stop)
+	m.wg.Wait()
+}
+
+// RuntimeName is the name of the isolation tier.
+func (m *Manager) RuntimeName() string { return m.rt.Name() }
+
+func (m *Manager) lock(id string) func() {
+	m.mu.Lock()
+	l, ok := m.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		m.locks[id] = l
+	}
+	m.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// recover rebuilds the in-memory state after a (re)start.
+func (m *Manager) recover(ctx context.Context) error {
+	all, err := m.db.ListSandboxes(ctx, nil)
+	if err != nil {
+		return err
+	}
+	for _, s := range all {
+		rec, err := decodeRecord(s)
+		if err != nil {
+			m.log.Warn("skip unreadable sandbox record", "id", s.ID, "err", err)
+			continue
+		}
+		m.slots[(rec.UIDBase-uidStart)/65536] = rec.ID
+		if rec.State != api.StateRunning && rec.State != api.StateCreating {
+			continue
+		}
+		if l, ok := m.rt.(loader); ok && rec.Pid > 0 {
+			spec, err := m.spec(ctx, rec)
+			if err == nil {
+				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
+					m.boxes[rec.ID] = b
+					m.watch(rec.ID, b)
+					continue
+				}
+			}
+		}
+		rec.State, rec.Pid = api.StateStopped, 0
+		if err := m.put(ctx, rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loader is the optional ability of a runtime to reattach to a box that
+// outlived the previous daemon.
+type loader interface {
+	Load(ctx context.Context, spec *isolate.Spec, pid int) (isolate.Box, error)
+}
+
+func decodeRecord(s *store.Sandbox) (*record, error) {
+	var rec record
+	if err := json.Unmarshal(s.Doc, &rec); err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+func (m *Manager) put(ctx context.Context, rec *record) error {
+	doc, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	err = m.db.PutSandbox(ctx, &store.Sandbox{
+		ID: rec.ID, Name: rec.Name, Image: rec.Image, State: rec.State, Runtime: rec.Runtime,
+		Labels: rec.Labels, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt, Doc: doc,
+	})
+	if errors.Is(err, store.ErrExists) {
+		return api.Errorf(api.KindExists, "a sandbox named %q already exists", rec.Name)
+	}
+	return err
+}
+
+func (m *Manager) get(ctx context.Context, id string) (*record, error) {
+	if id == "" {
+		return nil, api.FieldError("id", "missing sandbox id")
+	}
+	s, err := m.db.GetSandbox(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, api.Errorf(api.KindNotFound, "no sandbox %q", id)
+	case errors.Is(err, store.ErrConflict):
+		return nil, api.Errorf(api.KindConflict, "%v: use more of the id", err)
+	case err != nil:
+		return nil, err
+	}
+	return decodeRecord(s)
+}
+
+func (m *Manager) event(sandbox, typ string, data any) {
+	b, _ := json.Marshal(data)
+	if err := m.db.AddEvent(context.Background(), &store.Event{Sandbox: sandbox, Type: typ, Data: b}); err != nil {
+		m.log.Warn("event log", "type", typ, "err", err)
+	}
+}
+
+var (
+	nameRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+	labelRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9_./-]{0,126}[a-zA-Z0-9])?$`)
+	envRE   = regexp.MustCompile(`^[^=\x00]+=[^\x00]*$`)
+)
+
+func validateEnv(field string, env []string) error {
+	if len(env) > 4096 {
+		return api.FieldError(field, "more than 4096 variables")
+	}
+	for _, kv := range env {
+		if !envRE.MatchString(kv) {
+			return api.FieldError(field, "%q is not KEY=VALUE", kv)
+		}
+	}
+	return nil
+}
+
+func validateLimits(l api.Limits) error {
+	if l.CPUs < 0 || l.CPUs > float64(runtime.NumCPU()) {
+		return api.FieldError("limits.cpus", "%g is out of range: this host has %d CPUs", l.CPUs, runtime.NumCPU())
+	}
+	if l.CPUs > 0 && l.CPUs < 0.01 {
+		return api.FieldError("limits.cpus", "%g is below the minimum of 0.01", l.CPUs)
+	}
+	if l.Memory != 0 && l.Memory < 8<<20 {
+		return api.FieldError("limits.memory", "%s is below the minimum of 8m", l.Memory)
+	}
+	if l.Pids < 0 || l.Pids > 1<<22 {
+		return api.FieldError("limits.pids", "%d is out of range", l.Pids)
+	}
+	if l.Pids > 0 && l.Pids < 4 {
+		return api.FieldError("limits.pids", "%d is below the minimum of 4", l.Pids)
+	}
+	return nil
+}
+
+func validateCreate(req *api.CreateRequest) error {
+	if req.Name != "" && !nameRE.MatchString(req.Name) {
+		return api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
+	}
+	if len(req.Labels) > 64 {
+		return api.FieldError("labels", "more than 64 labels")
+	}
+	for k, v := range req.Labels {
+		if !labelRE.MatchString(k) {
+			return api.FieldError("labels", "bad label key %q", k)
+		}
+		if len(v) > 255 || strings.ContainsRune(v, 0) {
+			return api.FieldError("labels", "label %q: value longer than 255 bytes or with a NUL", k)
+		}
+	}
+	if err := validateEnv("env", req.Env); err != nil {
+		return err
+	}
+	if req.Workdir != "" && !strings.HasPrefix(req.Workdir, "/") {
+		return api.FieldError("workdir", "%q is not an absolute path", req.Workdir)
+	}
+	if len(req.User) > 256 {
+		return api.FieldError("user", "too long")
+	}
+	return validateLimits(req.Limits)
+}
+
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (m *Manager) allocSlot(id string) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := 0; i < maxSlots; i++ {
+		if _, used := m.slots[i]; !used {
+			m.slots[i] = id
+			return i, nil
+		}
+	}
+	return 0, api.Errorf(api.KindConflict, "all %d id ranges are in use: remove sandboxes", maxSlots)
+}
+
+func (m *Manager) freeSlot(base int) {
+	m.mu.Lock()
+	delete(m.slots, (base-uidStart)/65536)
+	m.mu.Unlock()
+}
+
+// Create makes and starts a sandbox.
+func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandbox, error) {
+	if err := validateCreate(&req); err != nil {
+		return nil, err
+	}
+	if req.Image == "" {
+		req.Image = HostImage
+	}
+	img, err := m.Image(ctx, req.Image)
+	if err != nil {
+		return nil, err
+	}
+	id := newID()
+	slot, err := m.allocSlot(id)
+	if err != nil {
+		return nil, err
+	}
+	limits := req.Limits
+	if limits.CPUs == 0 {
+		limits.CPUs = m.cfg.Defaults.CPUs
+	}
+	if limits.Memory == 0 {
+		limits.Memory = m.cfg.Defaults.Memory
+	}
+	if limits.Pids == 0 {
+		limits.Pids = m.cfg.Defaults.Pids
+	}
+	now := time.Now().UTC()
+	rec := &record{
+		Sandbox: api.Sandbox{
+			ID: id, Name: req.Name, Image: img.Name, Runtime: m.rt.Name(), State: api.StateCreating,
+			Labels: req.Labels, Env: req.Env, Workdir: req.Workdir, User: req.User,
+			Limits: limits, TTL: req.TTL, CreatedAt: now,
+		},
+		UIDBase: uidStart + slot*65536,
+	}
+	rec.Hostname = rec.Name
+	if rec.Hostname == "" {
+		rec.Hostname = id[:12]
+	}
+	if req.TTL > 0 {
+		rec.ExpiresAt = now.Add(req.TTL.D())
+	}
+	unlock := m.lock(id)
+	defer unlock()
+	if err := m.put(ctx, rec); err != nil {
+		m.freeSlot(rec.UIDBase)
+		return nil, err
+	}
+	if err := m.boot(ctx, rec); err != nil {
+		spec, _ := m.spec(ctx, rec)
+		if spec != nil {
+			m.rt.Destroy(context.Background(), spec)
+		}
+		m.db.DeleteSandbox(context.Background(), id)
+		m.freeSlot(rec.UIDBase)
+		return nil, err
+	}
+	m.event(id, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image})
+	return &rec.Sandbox, nil
+}
+
+// spec builds the runtime's view of a sandbox.
+func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) {
+	var layers []isolate.Overlay
+	if rec.Image == HostImage {
+		var err error
+		if layers, err = hostLayers(m.hostImageDir()); err != nil {
+			return nil, err
+		}
+	} else {
+		img, err := m.db.GetImage(ctx, rec.Image)
+		if err != nil {
+			return nil, api.Errorf(api.KindNotFound, "image %q of sandbox %s is gone", rec.Image, rec.ID)
+		}
+		var lowers []string
+		for _, l := range img.Layers {
+			lowers = append(lowers, m.images.LayerPath(l))
+		}
+		if len(lowers) == 0 {
+			dir := filepath.Join(m.cfg.DataDir, "images", "empty")
+			os.MkdirAll(dir, 0o755)
+			lowers = []string{dir}
+		}
+		layers = []isolate.Overlay{{Target: "/", Lowers: lowers, Name: "root"}}
+	}
+	return &isolate.Spec{
+		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),
+		Layers: layers, UIDBase: rec.UIDBase,
+		Limits: isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids},
+	}, nil
+}
+
+// boot starts rec's box and records it running. Call with the sandbox locked.
+func (m *Manager) boot(ctx context.Context, rec *record) error {
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		return err
+	}
+	b, err := m.rt.Start(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("start sandbox: %w", err)
+	}
+	rec.State, rec.Pid, rec.StartedAt = api.StateRunning, b.Pid(), time.Now().UTC()
+	if err := m.put(ctx, rec); err != nil {
+		b.Stop(context.Background())
+		return err
+	}
+	m.mu.Lock()
+	m.boxes[rec.ID] = b
+	m.mu.Unlock()
+	m.watch(rec.ID, b)
+	return nil
+}
+
+// watch marks the sandbox stopped if its box dies on its own.
+func (m *Manager) watch(id string, b isolate.Box) {
+	go func() {
+		<-b.Done()
+		m.mu.Lock()
+		cur := m.boxes[id]
+		m.mu.Unlock()
+		if cur != b {
+			return // stopped or removed on purpose
+		}
+		unlock := m.lock(id)
+		defer unlock()
+		m.mu.Lock()
+		if m.boxes[id] != b {
+			m.mu.Unlock()
+			return
+		}
+		delete(m.boxes, id)
+		m.mu.Unlock()
+		b.Stop(context.Background())
+		if rec, err := m.get(context.Background(), id); err == nil {
+			rec.State, rec.Pid = api.StateStopped, 0
+			m.put(context.Background(), rec)
+		}
+		m.event(id, "sandbox.died", nil)
+	}()
+}
+
+// Get returns one sandbox.
+func (m *Manager) Get(ctx context.Context, id string) (*api.Sandbox, error) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &rec.Sandbox, nil
+}
+
+// List returns the sandboxes carrying all of labels.
+func (m *Manager) List(ctx context.Context, labels map[string]string) ([]*api.Sandbox, error) {
+	all, err := m.db.ListSandboxes(ctx, labels)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*api.Sandbox, 0, len(all))
+	for _, s := range all {
+		if rec, err := decodeRecord(s); err == nil {
+			out = append(out, &rec.Sandbox)
+		}
+	}
+	return out, nil
+}
+
+// Stop kills a sandbox's processes and keeps its files. Idempotent.
+func (m *Manager) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if err := m.stopLocked(ctx, rec); err != nil {
+		return nil, err
+	}
+	return &rec.Sandbox, nil
+}
+
+func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
+	m.mu.Lock()
+	b := m.boxes[rec.ID]
+	delete(m.boxes, rec.ID)
+	m.mu.Unlock()
+	if b != nil {
+		if err := b.Stop(ctx); err != nil {
+			return fmt.Errorf("stop sandbox: %w", err)
+		}
+	}
+	if rec.State == api.StateStopped {
+		return nil
+	}
+	rec.State, rec.Pid = api.StateStopped, 0
+	if err := m.put(ctx, rec); err != nil {
+		return err
+	}
+	m.event(rec.ID, "sandbox.stop", nil)
+	return nil
+}
+
+// Start boots a stopped sandbox again with its files as they were.
+func (m *Manager) Start(ctx context.Context, id string) (*api.Sandbox, error) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return nil, err
+	}
+	if rec.State == api.StateRunning {
+		return &rec.Sandbox, nil
+	}
+	if err := m.boot(ctx, rec); err != nil {
+		return nil, err
+	}
+	m.event(rec.ID, "sandbox.start", nil)
+	return &rec.Sandbox, nil
+}
+
+// Remove deletes a sandbox and its files. A running sandbox needs force.
+func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return err
+	}
+	if rec.State == api.StateRunning && !force {
+		return api.Errorf(api.KindConflict, "sandbox %s is running: stop it first or remove with force (den rm -f)", rec.ID[:12])
+	}
+	if err := m.stopLocked(ctx, rec); err != nil {
+		return err
+	}
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		spec = &isolate.Spec{ID: rec.ID, Dir: filepath.Join(m.sandboxesDir(), rec.ID)}
+	}
+	if err := m.rt.Destroy(ctx, spec); err != nil {
+		return err
+	}
+	if err := m.db.DeleteSandbox(ctx, rec.ID); err != nil {
+		return err
+	}
+	m.freeSlot(rec.UIDBase)
+	m.mu.Lock()
+	delete(m.locks, rec.ID)
+	m.mu.Unlock()
+	m.event(rec.ID, "sandbox.remove", nil)
+	return nil
+}
+
+func (m *Manager) expireLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case now := <-t.C:
+			exp, err := m.db.ExpiredSandboxes(context.Background(), now)
+			if err != nil {
+				continue
+			}
+			for _, s := range exp {
+				if err := m.Remove(context.Background(), s.ID, true); err != nil {
+					m.log.Warn("expire sandbox", "id", s.ID, "err", err)
+					continue
+				}
+				m.event(s.ID, "sandbox.expire", nil)
+			}
+		}
+	}
+}
+
+// Agent returns the agent client of a running sandbox.
+func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *api.Sandbox, error) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	b := m.boxes[rec.ID]
+	m.mu.Unlock()
+	if b == nil {
+		return nil, nil, api.Errorf(api.KindConflict, "sandbox %s is %s: start it with `den start %s`", rec.ID[:12], rec.State, rec.ID[:12])
+	}
+	return b.Agent(), &rec.Sandbox, nil
+}
+
+func (m *Manager) box(id string) isolate.Box {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.boxes[id]
+}

@@ -1,0 +1,520 @@
+// Package server is den's HTTP API: routing, request validation and
+// decoding, the one mapping from errors to HTTP statuses, bearer-token
+// authentication for TCP listeners, and streaming of command output and
+// file transfers between clients and sandbox agents.
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/sandbox"
+	"github.com/den-dev/den/internal/store"
+)
+
+// MaxBody bounds JSON request bodies.
+const MaxBody = 1 << 20
+
+// MaxCapture bounds each of stdout and stderr in a non-streaming exec.
+const MaxCapture = 1 << 20
+
+// Server serves den's API for one Manager.
+type Server struct {
+	m       *sandbox.Manager
+	db      *store.DB
+	log     *slog.Logger
+	version string
+	cgroup  string
+	mux     *http.ServeMux
+}
+
+// New builds the API handler.
+func New(m *sandbox.Manager, db *store.DB, log *slog.Logger, version, cgroup string) *Server {
+	s := &Server{m: m, db: db, log: log, version: version, cgroup: cgroup, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// WithToken wraps h so every request must carry "Authorization: Bearer token".
+func WithToken(h http.Handler, token string) http.Handler {
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			writeError(w, api.Errorf(api.KindUnauthorized, "missing or wrong bearer token: set DEN_TOKEN (the daemon keeps it in its data dir, file token)"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) routes() {
+	h := s.mux.HandleFunc
+	h("GET /v1/version", s.version_)
+	h("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(api.OpenAPI)
+	})
+	h("POST /v1/sandboxes", s.create)
+	h("GET /v1/sandboxes", s.list)
+	h("GET /v1/sandboxes/{id}", s.get)
+	h("POST /v1/sandboxes/{id}/stop", s.stop)
+	h("POST /v1/sandboxes/{id}/start", s.start)
+	h("DELETE /v1/sandboxes/{id}", s.remove)
+	h("POST /v1/sandboxes/{id}/exec", s.exec)
+	h("GET /v1/sandboxes/{id}/files", s.proxy("GET", "/files", true))
+	h("PUT /v1/sandboxes/{id}/files", s.proxy("PUT", "/files", true))
+	h("DELETE /v1/sandboxes/{id}/files", s.proxy("DELETE", "/files", true))
+	h("GET /v1/sandboxes/{id}/files/list", s.proxy("GET", "/files/list", true))
+	h("GET /v1/sandboxes/{id}/files/stat", s.proxy("GET", "/files/stat", true))
+	h("POST /v1/sandboxes/{id}/files/mkdir", s.proxyJSON("/files/mkdir", func() any { return new(api.MkdirRequest) }))
+	h("POST /v1/sandboxes/{id}/files/rename", s.proxyJSON("/files/rename", func() any { return new(api.RenameRequest) }))
+	h("GET /v1/sandboxes/{id}/archive", s.proxy("GET", "/archive", true))
+	h("PUT /v1/sandboxes/{id}/archive", s.proxy("PUT", "/archive", true))
+	h("GET /v1/images", s.images)
+	h("GET /v1/images/{name...}", s.image)
+	h("DELETE /v1/images/{name...}", s.removeImage)
+	h("POST /v1/images/import", s.importImage)
+	h("GET /v1/events", s.events)
+	h("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, api.Errorf(api.KindNotFound, "no route %s %s: see GET /v1/openapi.json", r.Method, r.URL.Path))
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		switch {
+		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			ae = api.Errorf(api.KindConflict, "request cancelled: %v", err)
+		default:
+			ae = api.Errorf(api.KindInternal, "%v", err)
+		}
+	}
+	writeJSON(w, api.HTTPStatus(ae.Kind), api.ErrorDoc{Error: ae})
+}
+
+// decode reads a JSON body strictly: one object, no unknown fields, at most MaxBody bytes.
+func decode(r *http.Request, v any) error {
+	body := http.MaxBytesReader(nil, r.Body, MaxBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return api.Errorf(api.KindTooLarge, "request body over %d bytes", MaxBody)
+		}
+		return decodeErr(err)
+	}
+	if dec.More() {
+		return api.Errorf(api.KindInvalid, "trailing data after the JSON object")
+	}
+	var extra [1]byte
+	if n, _ := dec.Buffered().Read(extra[:]); n > 0 && !isSpace(extra[0]) {
+		return api.Errorf(api.KindInvalid, "trailing data after the JSON object")
+	}
+	return nil
+}
+
+func isSpace(b byte) bool { return b == ' ' || b == '\n' || b == '\r' || b == '\t' }
+
+func (s *Server) version_(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, api.VersionInfo{Version: s.version, Go: runtime.Version(), Runtimes: []string{s.m.RuntimeName()}, Cgroup: s.cgroup})
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.m.Create(r.Context(), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 201, sb)
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	labels := map[string]string{}
+	for _, l := range r.URL.Query()["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			writeError(w, api.FieldError("label", "%q is not key=value", l))
+			return
+		}
+		labels[k] = v
+	}
+	v, err := s.m.List(r.Context(), labels)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, v)
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, sb)
+}
+
+func (s *Server) stop(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Stop(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, sb)
+}
+
+func (s *Server) start(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Start(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, sb)
+}
+
+func boolParam(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, api.FieldError(name, "%q is not true or false", v)
+	}
+	return b, nil
+}
+
+func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
+	force, err := boolParam(r, "force")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.m.Remove(r.Context(), r.PathValue("id"), force); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(204)
+}
+
+func wantsStream(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), api.StreamContentType)
+}
+
+// capture keeps at most MaxCapture bytes.
+type capture struct {
+	buf       bytes.Buffer
+	truncated bool
+}
+
+func (c *capture) write(p []byte) {
+	if room := MaxCapture - c.buf.Len(); room < len(p) {
+		p = p[:max(room, 0)]
+		c.truncated = true
+	}
+	c.buf.Write(p)
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	var req api.ExecRequest
+	// Stdin travels in the body (base64), so allow more than MaxBody here.
+	r.Body = http.MaxBytesReader(w, r.Body, sandbox.MaxStdin*4/3+MaxBody)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, api.Errorf(api.KindTooLarge, "exec request too large: upload big input as a file"))
+			return
+		}
+		writeError(w, decodeErr(err))
+		return
+	}
+	if wantsStream(r) {
+		s.execStream(w, r, req)
+		return
+	}
+	var out, errb capture
+	st, err := s.m.Exec(r.Context(), r.PathValue("id"), req, func(typ byte, p []byte) error {
+		switch typ {
+		case api.FrameStdout:
+			out.write(p)
+		case api.FrameStderr:
+			errb.write(p)
+		}
+		return nil
+	})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, api.ExecResult{ExitStatus: *st, Stdout: out.buf.Bytes(), Stderr: errb.buf.Bytes(), Truncated: out.truncated || errb.truncated})
+}
+
+// decodeErr maps a JSON decoding error like decode does.
+func decodeErr(err error) error {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return api.Errorf(api.KindInvalid, "empty request body: send a JSON object")
+	case errors.As(err, &se):
+		return api.Errorf(api.KindInvalid, "malformed JSON at byte %d: %v", se.Offset, err)
+	case errors.As(err, &te):
+		return api.FieldError(te.Field, "want %s, got JSON %s", te.Type, te.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return api.FieldError(f, "unknown field")
+	}
+	return api.Errorf(api.KindInvalid, "bad request body: %v", err)
+}
+
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, req api.ExecRequest) {
+	var mu sync.Mutex
+	started := false
+	fl, _ := w.(http.Flusher)
+	begin := func() {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", api.StreamContentType)
+			w.WriteHeader(200)
+		}
+	}
+	st, err := s.m.Exec(r.Context(), r.PathValue("id"), req, func(typ byte, p []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		begin()
+		if err := api.WriteFrame(w, typ, p); err != nil {
+			return err
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil && !started {
+		writeError(w, err)
+		return
+	}
+	begin()
+	if err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) {
+			ae = api.Errorf(api.KindInternal, "%v", err)
+		}
+		api.WriteJSONFrame(w, api.FrameError, ae)
+		return
+	}
+	api.WriteJSONFrame(w, api.FrameExit, st)
+}
+
+// proxy forwards a file request to the sandbox's agent, which resolves
+// every path inside the sandbox. Only the parameters the agent knows pass.
+func (s *Server) proxy(method, path string, needPath bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q := url.Values{}
+		in := r.URL.Query()
+		for _, k := range []string{"path", "mode", "recursive"} {
+			if v, ok := in[k]; ok {
+				q[k] = v[:1]
+			}
+		}
+		if needPath && q.Get("path") == "" {
+			writeError(w, api.FieldError("path", "missing: add ?path=/some/file"))
+			return
+		}
+		if _, err := boolParam(r, "recursive"); err != nil {
+			writeError(w, err)
+			return
+		}
+		var body io.Reader
+		if method == "PUT" {
+			body = r.Body
+		}
+		s.forward(w, r, method, path, q, body)
+	}
+}
+
+func (s *Server) proxyJSON(path string, newReq func() any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		req := newReq()
+		if err := decode(r, req); err != nil {
+			writeError(w, err)
+			return
+		}
+		b, _ := json.Marshal(req)
+		s.forward(w, r, "POST", path, nil, bytes.NewReader(b))
+	}
+}
+
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, method, path string, q url.Values, body io.Reader) {
+	ag, _, err := s.m.Agent(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	resp, err := ag.Do(r.Context(), method, path, q, body, nil)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer resp.Body.Close()
+	for _, h := range []string{"Content-Type", "Content-Length"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+}
+
+func (s *Server) images(w http.ResponseWriter, r *http.Request) {
+	v, err := s.m.Images(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, v)
+}
+
+func (s *Server) image(w http.ResponseWriter, r *http.Request) {
+	v, err := s.m.Image(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, v)
+}
+
+func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.RemoveImage(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(204)
+}
+
+func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("name")
+	if !strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") {
+		v, err := s.m.ImportImage(r.Context(), name, r.Body, nil)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, 200, v)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(200)
+	fl, _ := w.(http.Flusher)
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	last := time.Time{}
+	progress := func(done, total int64, what string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(last) < 100*time.Millisecond && done != total {
+			return
+		}
+		last = time.Now()
+		enc.Encode(map[string]any{"progress": map[string]any{"done": done, "total": total, "what": what}})
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	v, err := s.m.ImportImage(r.Context(), name, r.Body, progress)
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) {
+			ae = api.Errorf(api.KindInternal, "%v", err)
+		}
+		enc.Encode(api.ErrorDoc{Error: ae})
+		return
+	}
+	enc.Encode(map[string]any{"images": v})
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.EventFilter{Sandbox: q.Get("sandbox"), Type: q.Get("type")}
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			d, derr := api.ParseDuration(v)
+			if derr != nil {
+				writeError(w, api.FieldError("since", "%q is neither an RFC 3339 time nor a duration like 10m", v))
+				return
+			}
+			t = time.Now().Add(-d.D())
+		}
+		f.Since = t
+	}
+	for name, dst := range map[string]*int64{"after": &f.AfterSeq} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				writeError(w, api.FieldError(name, "%q is not a non-negative integer", v))
+				return
+			}
+			*dst = n
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, api.FieldError("limit", "%q is not a non-negative integer", v))
+			return
+		}
+		f.Limit = n
+	}
+	if f.Sandbox != "" {
+		if sb, err := s.m.Get(r.Context(), f.Sandbox); err == nil {
+			f.Sandbox = sb.ID
+		}
+	}
+	evs, err := s.db.Events(r.Context(), f)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]api.Event, 0, len(evs))
+	for _, e := range evs {
+		out = append(out, api.Event{Seq: e.Seq, Time: e.Time, Sandbox: e.Sandbox, Type: e.Type, Data: e.Data})
+	}
+	writeJSON(w, 200, out)
+}
