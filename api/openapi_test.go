@@ -1,0 +1,446 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The OpenAPI document is written by hand; these tests tie it to docs/api.md
+// (the route table) and to the Go wire types, so that neither can drift.
+
+func openAPIDoc(t *testing.T) map[string]any {
+	t.Helper()
+	var doc map[string]any
+	if err := json.Unmarshal(OpenAPI, &doc); err != nil {
+		t.Fatalf("api/openapi.json is not JSON: %v", err)
+	}
+	return doc
+}
+
+func obj(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
+
+var httpMethods = map[string]bool{
+	"get": true, "put": true, "post": true, "delete": true,
+	"options": true, "head": true, "patch": true, "trace": true,
+}
+
+// docRoute is one row of the route table in docs/api.md.
+type docRoute struct {
+	method, path string // "GET", "/v1/sandboxes/{id}" (query string stripped)
+	body, answer string // the other two columns
+}
+
+var routeRow = regexp.MustCompile("^\\|\\s*`([A-Z]+) (/v1/[^`]*)`\\s*\\|")
+
+func docRoutes(t *testing.T) []docRoute {
+	t.Helper()
+	b, err := os.ReadFile("../docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []docRoute
+	for _, line := range strings.Split(string(b), "\n") {
+		m := routeRow.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		p, _, _ := strings.Cut(m[2], "?")
+		cols := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), "|")
+		if len(cols) < 3 {
+			t.Fatalf("docs/api.md: route row has %d columns: %s", len(cols), line)
+		}
+		out = append(out, docRoute{
+			method: m[1], path: p,
+			body:   strings.TrimSpace(cols[1]),
+			answer: strings.TrimSpace(strings.Join(cols[2:], "|")),
+		})
+	}
+	if len(out) < 10 {
+		t.Fatalf("docs/api.md: found only %d route rows; did the table format change?", len(out))
+	}
+	return out
+}
+
+func TestOpenAPIVersion(t *testing.T) {
+	doc := openAPIDoc(t)
+	if v, _ := doc["openapi"].(string); v != "3.1.0" {
+		t.Errorf("openapi = %q, want 3.1.0", v)
+	}
+	info := obj(doc["info"])
+	if info["title"] != "den" || info["version"] != "1" {
+		t.Errorf("info = %v, want title den, version 1", info)
+	}
+	if obj(obj(obj(doc["components"])["securitySchemes"])["bearerAuth"]) == nil {
+		t.Error("components.securitySchemes.bearerAuth is missing")
+	}
+}
+
+func TestOpenAPIRoutesMatchDocs(t *testing.T) {
+	doc := openAPIDoc(t)
+	want := map[string]bool{}
+	for _, r := range docRoutes(t) {
+		k := r.method + " " + r.path
+		if want[k] {
+			t.Errorf("docs/api.md lists %s twice", k)
+		}
+		want[k] = true
+	}
+	got := map[string]bool{}
+	for p, item := range obj(doc["paths"]) {
+		for m := range obj(item) {
+			if httpMethods[m] {
+				got[strings.ToUpper(m)+" "+p] = true
+			}
+		}
+	}
+	for k := range want {
+		if !got[k] {
+			t.Errorf("route %s is in docs/api.md but not in api/openapi.json", k)
+		}
+	}
+	for k := range got {
+		if !want[k] {
+			t.Errorf("route %s is in api/openapi.json but not in docs/api.md", k)
+		}
+	}
+}
+
+// TestOpenAPIRouteDetails checks each documented route's status code, its
+// JSON body and answer schema, and its path parameters.
+func TestOpenAPIRouteDetails(t *testing.T) {
+	doc := openAPIDoc(t)
+	paths := obj(doc["paths"])
+	typeName := regexp.MustCompile("`(\\[?)([A-Z][A-Za-z]*)(\\]?)`")
+	status := regexp.MustCompile(`^([0-9]{3})\b`)
+	pathParam := regexp.MustCompile(`\{([a-z]+)\}`)
+	for _, r := range docRoutes(t) {
+		item := obj(paths[r.path])
+		op := obj(item[strings.ToLower(r.method)])
+		if op == nil {
+			continue // reported by TestOpenAPIRoutesMatchDocs
+		}
+		name := r.method + " " + r.path
+		code := "200"
+		if m := status.FindStringSubmatch(r.answer); m != nil {
+			code = m[1]
+		}
+		resps := obj(op["responses"])
+		if resps[code] == nil {
+			t.Errorf("%s: docs say %s, the document has no %s response", name, code, code)
+		}
+		for c := range resps {
+			if n, err := strconv.Atoi(c); err == nil && n >= 200 && n < 300 && c != code {
+				t.Errorf("%s: document has success response %s, docs say %s", name, c, code)
+			}
+		}
+		if m := typeName.FindStringSubmatch(r.answer); m != nil {
+			s := obj(obj(obj(obj(resps[code])["content"])["application/json"])["schema"])
+			checkSchemaRef(t, name+" answer", s, m[2], m[1] == "[")
+		}
+		if m := typeName.FindStringSubmatch(r.body); m != nil {
+			s := obj(obj(obj(obj(op["requestBody"])["content"])["application/json"])["schema"])
+			checkSchemaRef(t, name+" body", s, m[2], m[1] == "[")
+		} else if r.body == "" && op["requestBody"] != nil {
+			t.Errorf("%s: docs list no body, the document has one", name)
+		}
+		// Every {param} in the path is declared as a required path parameter.
+		declared := map[string]bool{}
+		for _, params := range []any{item["parameters"], op["parameters"]} {
+			for _, p := range asList(params) {
+				p = resolve(t, doc, p)
+				if obj(p)["in"] == "path" {
+					declared[fmt.Sprint(obj(p)["name"])] = obj(p)["required"] == true
+				}
+			}
+		}
+		var inPath []string
+		for _, m := range pathParam.FindAllStringSubmatch(r.path, -1) {
+			inPath = append(inPath, m[1])
+			if !declared[m[1]] {
+				t.Errorf("%s: path parameter %s is not declared as a required path parameter", name, m[1])
+			}
+		}
+		if len(declared) != len(inPath) {
+			t.Errorf("%s: path parameters %v declared, path has %v", name, keys(declared), inPath)
+		}
+	}
+}
+
+func checkSchemaRef(t *testing.T, where string, s map[string]any, name string, array bool) {
+	t.Helper()
+	if array {
+		if s["type"] != "array" {
+			t.Errorf("%s: want an array of %s, got %v", where, name, s)
+			return
+		}
+		s = obj(s["items"])
+	}
+	if want := "#/components/schemas/" + name; s["$ref"] != want {
+		t.Errorf("%s: schema is %v, want $ref %s", where, s, want)
+	}
+}
+
+func asList(v any) []any { l, _ := v.([]any); return l }
+
+// resolve follows v's $ref, if it has one, within doc.
+func resolve(t *testing.T, doc map[string]any, v any) any {
+	t.Helper()
+	ref, ok := obj(v)["$ref"].(string)
+	if !ok {
+		return v
+	}
+	got, err := pointer(doc, ref)
+	if err != nil {
+		t.Errorf("$ref %s: %v", ref, err)
+	}
+	return got
+}
+
+// pointer resolves a local reference "#/a/b~1c".
+func pointer(doc any, ref string) (any, error) {
+	rest, ok := strings.CutPrefix(ref, "#/")
+	if !ok {
+		return nil, fmt.Errorf("not a local reference")
+	}
+	cur := doc
+	for _, tok := range strings.Split(rest, "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := cur.(type) {
+		case map[string]any:
+			v, ok := c[tok]
+			if !ok {
+				return nil, fmt.Errorf("no %q", tok)
+			}
+			cur = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil, fmt.Errorf("bad index %q", tok)
+			}
+			cur = c[i]
+		default:
+			return nil, fmt.Errorf("cannot index %T with %q", cur, tok)
+		}
+	}
+	return cur, nil
+}
+
+func TestOpenAPIRefsResolve(t *testing.T) {
+	doc := openAPIDoc(t)
+	n := 0
+	var walk func(where string, v any)
+	walk = func(where string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if ref, ok := v["$ref"]; ok {
+				n++
+				s, ok := ref.(string)
+				if !ok {
+					t.Errorf("%s: $ref is %T, not a string", where, ref)
+				} else if _, err := pointer(doc, s); err != nil {
+					t.Errorf("%s: $ref %s does not resolve: %v", where, s, err)
+				}
+			}
+			for k, e := range v {
+				walk(where+"/"+k, e)
+			}
+		case []any:
+			for i, e := range v {
+				walk(where+"/"+strconv.Itoa(i), e)
+			}
+		}
+	}
+	walk("#", doc)
+	if n == 0 {
+		t.Error("no $ref found at all")
+	}
+}
+
+// jsonNames returns the JSON field names of a struct type, with embedded
+// structs flattened the way encoding/json does.
+func jsonNames(t reflect.Type) []string {
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+			out = append(out, jsonNames(ft)...)
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// schemaProps returns the property names of a schema, following $ref and
+// allOf (the form an embedded struct takes).
+func schemaProps(t *testing.T, doc map[string]any, s map[string]any, seen map[string]bool) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	if ref, ok := s["$ref"].(string); ok {
+		if seen[ref] {
+			t.Fatalf("$ref cycle at %s", ref)
+		}
+		seen[ref] = true
+		v, err := pointer(doc, ref)
+		if err != nil {
+			t.Fatalf("$ref %s: %v", ref, err)
+		}
+		for k := range schemaProps(t, doc, obj(v), seen) {
+			out[k] = true
+		}
+	}
+	for k := range obj(s["properties"]) {
+		out[k] = true
+	}
+	for _, sub := range asList(s["allOf"]) {
+		for k := range schemaProps(t, doc, obj(sub), seen) {
+			out[k] = true
+		}
+	}
+	return out
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
+	doc := openAPIDoc(t)
+	schemas := obj(obj(doc["components"])["schemas"])
+	types := map[string]any{
+		"CreateRequest": CreateRequest{},
+		"ExecRequest":   ExecRequest{},
+		"Sandbox":       Sandbox{},
+		"Limits":        Limits{},
+		"ExitStatus":    ExitStatus{},
+		"ExecResult":    ExecResult{},
+		"FileInfo":      FileInfo{},
+		"MkdirRequest":  MkdirRequest{},
+		"RenameRequest": RenameRequest{},
+		"Image":         Image{},
+		"ImageConfig":   ImageConfig{},
+		"Event":         Event{},
+		"VersionInfo":   VersionInfo{},
+		"Error":         Error{},
+		"ErrorDoc":      ErrorDoc{},
+		"Process":       Process{},
+		"DroppedOutput": DroppedOutput{},
+	}
+	for name, v := range types {
+		s := obj(schemas[name])
+		if s == nil {
+			t.Errorf("components.schemas.%s is missing", name)
+			continue
+		}
+		want := map[string]bool{}
+		for _, n := range jsonNames(reflect.TypeOf(v)) {
+			want[n] = true
+		}
+		got := schemaProps(t, doc, s, map[string]bool{})
+		for n := range want {
+			if !got[n] {
+				t.Errorf("schema %s lacks property %q of the Go type", name, n)
+			}
+		}
+		for n := range got {
+			if !want[n] {
+				t.Errorf("schema %s has property %q that the Go type lacks", name, n)
+			}
+		}
+	}
+
+	// The server rejects unknown fields in request bodies.
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "Limits"} {
+		if obj(schemas[name])["additionalProperties"] != false {
+			t.Errorf("request schema %s: want additionalProperties: false", name)
+		}
+	}
+}
+
+func TestOpenAPIErrorKinds(t *testing.T) {
+	doc := openAPIDoc(t)
+	comp := obj(doc["components"])
+	kinds := []string{KindInvalid, KindUnauthorized, KindNotFound, KindExists, KindConflict, KindTooLarge, KindUnsupported, KindInternal}
+	var got []string
+	for _, k := range asList(obj(obj(obj(obj(comp["schemas"])["Error"])["properties"])["kind"])["enum"]) {
+		got = append(got, fmt.Sprint(k))
+	}
+	sort.Strings(got)
+	sort.Strings(kinds)
+	if !reflect.DeepEqual(got, kinds) {
+		t.Errorf("Error.kind enum = %v, want %v", got, kinds)
+	}
+	// Every error response is an ErrorDoc and sits under the status its
+	// kind maps to.
+	for code, resp := range walkResponses(doc) {
+		n, _ := strconv.Atoi(code[:3])
+		if n < 400 {
+			continue
+		}
+		r := obj(resolve(t, doc, resp))
+		s := obj(obj(obj(r["content"])["application/json"])["schema"])
+		if s["$ref"] != "#/components/schemas/ErrorDoc" {
+			t.Errorf("%s: error response schema is %v, want ErrorDoc", code, s)
+		}
+		if ex := obj(obj(obj(obj(r["content"])["application/json"])["example"])["error"]); ex != nil {
+			if k := fmt.Sprint(ex["kind"]); HTTPStatus(k) != n {
+				t.Errorf("%s: example kind %s maps to status %d", code, k, HTTPStatus(k))
+			}
+		}
+	}
+}
+
+// walkResponses returns every operation response, keyed "STATUS METHOD PATH".
+func walkResponses(doc map[string]any) map[string]any {
+	out := map[string]any{}
+	for p, item := range obj(doc["paths"]) {
+		for m, op := range obj(item) {
+			if !httpMethods[m] {
+				continue
+			}
+			for code, r := range obj(obj(op)["responses"]) {
+				out[code+" "+strings.ToUpper(m)+" "+p] = r
+			}
+		}
+	}
+	return out
+}
+
+func TestOpenAPIExecForms(t *testing.T) {
+	doc := openAPIDoc(t)
+	op := obj(obj(obj(doc["paths"])["/v1/sandboxes/{id}/exec"])["post"])
+	content := obj(obj(obj(op["responses"])["200"])["content"])
+	if content["application/json"] == nil || content[StreamContentType] == nil {
+		t.Errorf("exec 200 answer: want application/json and %s forms, got %v", StreamContentType, keys(content))
+	}
+}
