@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/den-dev/den/api"
+)
+
+var verbCreate = &verb{
+	name:     "create",
+	summary:  "create a sandbox and print its id",
+	synopsis: "[flags]",
+	example: `den create --image alpine:3.20 --memory 512m --ttl 1h --label task=42
+		den exec "$(den create)" -- uname -a`,
+	run: cmdCreate,
+}
+
+// sandboxOpts are the flags that describe a new sandbox (den create, den run).
+type sandboxOpts struct {
+	name, image, workdir, user string
+	env, labels                []string
+	cpus                       float64
+	memory                     api.Size
+	pids                       int
+	ttl                        api.Duration
+}
+
+func (o *sandboxOpts) define(f *flagSet) {
+	f.Var(stringValue{&o.name}, "name", "", "NAME", "name the sandbox")
+	f.Var(stringValue{&o.image}, "image", "", "IMAGE", `image to run (default "host")`)
+	f.Var(listValue{&o.env, checkEnv}, "env", "e", "K=V", "set an environment variable (repeatable; -e K passes den's own $K)")
+	f.Var(stringValue{&o.workdir}, "workdir", "w", "DIR", "working directory of commands")
+	f.Var(stringValue{&o.user}, "user", "u", "USER", "user (name or uid[:gid]) commands run as")
+	f.Var(floatValue{&o.cpus}, "cpus", "", "N", "CPU limit in CPUs, like 1.5")
+	f.Var(sizeValue{&o.memory}, "memory", "m", "SIZE", "memory limit, like 512m or 2g")
+	f.Var(intValue{&o.pids}, "pids", "", "N", "limit on the number of processes")
+	f.Var(durationValue{&o.ttl}, "ttl", "", "DURATION", "remove the sandbox after this long, like 1h")
+	f.Var(listValue{&o.labels, checkLabel}, "label", "l", "K=V", "set a label (repeatable)")
+}
+
+func (o *sandboxOpts) request() api.CreateRequest {
+	return api.CreateRequest{
+		Name:    o.name,
+		Image:   o.image,
+		Labels:  labelMap(o.labels),
+		Env:     o.env,
+		Workdir: o.workdir,
+		User:    o.user,
+		Limits:  api.Limits{CPUs: o.cpus, Memory: o.memory, Pids: o.pids},
+		TTL:     o.ttl,
+	}
+}
+
+func cmdCreate(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	var o sandboxOpts
+	o.define(f)
+	jsonOut := f.jsonFlag("print the sandbox as JSON")
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef(v, "create takes no arguments (got %q); to run a command use `den run`", pos[0])
+	}
+	sb, err := c.client(f).Create(context.Background(), o.request())
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return c.printJSON(sb)
+	}
+	_, err = fmt.Fprintln(c.stdout, sb.ID)
+	return err
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
+)
+
+var verbExec = &verb{
+	name:     "exec",
+	summary:  "run a command in a sandbox",
+	synopsis: "[flags] ID [--] CMD [ARG...]",
+	details: `Output is streamed as it arrives and den exits with the command's exit code
+(128+N when killed by signal N, 124 on timeout, 137 when out of memory).
+Each argument is one argv entry; for a shell line use: den exec ID -- sh -c '...'`,
+	example: `den exec web -- make test
+		echo 'print(1)' | den exec -i web -- python3 -`,
+	run: cmdExec,
+}
+
+// execOpts are the flags of one command (den exec, den run).
+type execOpts struct {
+	env           []string
+	workdir, user string
+	interactive   bool
+	timeout       api.Duration
+	jsonOut       *bool
+}
+
+func (o *execOpts) define(f *flagSet, withSandbox bool) {
+	if !withSandbox { // den run shares these with the sandbox flags
+		f.Var(listValue{&o.env, checkEnv}, "env", "e", "K=V", "set an environment variable (repeatable; -e K passes den's own $K)")
+		f.Var(stringValue{&o.workdir}, "workdir", "w", "DIR", "working directory of the command")
+		f.Var(stringValue{&o.user}, "user", "u", "USER", "user (name or uid[:gid]) to run as")
+	}
+	f.Var(boolValue{&o.interactive}, "interactive", "i", "", "read all of standard input and send it to the command")
+	f.Var(durationValue{&o.timeout}, "timeout", "", "DURATION", "kill the command after this long, like 30s (exit code 124)")
+	usage := "capture the output and print the result as JSON (stdout, stderr, exit status)"
+	if withSandbox {
+		usage = "print JSON: the command's captured result, or the sandbox when there is no command"
+	}
+	o.jsonOut = f.jsonFlag(usage)
+}
+
+// runCommand runs cmd in sandbox id, streaming its output (or printing the
+// JSON result with --json), and returns the command's exit code as an
+// exitError (nil for 0).
+func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *execOpts, cmd []string, stdin []byte) error {
+	req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Stdin: stdin, Timeout: o.timeout}
+	var st *api.ExitStatus
+	if *o.jsonOut {
+		res, err := cl.Exec(ctx, id, req)
+		if err != nil {
+			return interrupted(ctx, err)
+		}
+		if err := c.printJSON(res); err != nil {
+			return err
+		}
+		st = &res.ExitStatus
+		return c.statusExit(st, o.timeout, true)
+	}
+	st, err := cl.ExecStream(ctx, id, req, c.stdout, c.stderr)
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	return c.statusExit(st, o.timeout, false)
+}
+
+// interrupted turns the error of a call cut by Ctrl-C into exit code 130.
+func interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return interruptErr
+	}
+	return err
+}
+
+var interruptErr = &interruptError{}
+
+type interruptError struct{}
+
+func (*interruptError) Error() string { return "interrupted" }
+
+// statusExit maps how a command ended to den's exit code, printing a
+// one-line reason for anything but a normal exit.
+func (c *cli) statusExit(st *api.ExitStatus, timeout api.Duration, quiet bool) error {
+	code := st.ExitCode
+	var why string
+	switch st.Reason {
+	case api.ReasonExited, "":
+	case api.ReasonSignaled:
+		name, n := signalName(st.Signal)
+		switch {
+		case n > 0:
+			code = 128 + n
+		case code <= 0:
+			code = 128 + int(syscall.SIGKILL)
+		}
+		why = "command killed by signal " + name
+	case api.ReasonTimeout:
+		code = 124
+		d := timeout.D()
+		if d == 0 {
+			d = st.Duration.D().Round(time.Millisecond)
+		}
+		why = "command timed out after " + d.String()
+	case api.ReasonOOM:
+		code = 137
+		why = "command killed: out of memory (see --memory)"
+	case api.ReasonFailed:
+		code = 127
+		if strings.Contains(strings.ToLower(st.Error), "permission denied") {
+			code = 126
+		}
+		why = "cannot run the command: " + st.Error
+	default:
+		if code == 0 {
+			code = 1
+		}
+		why = "command ended: " + st.Reason
+	}
+	if why != "" && !quiet {
+		fmt.Fprintf(c.stderr, "den: %s\n", why)
+	}
+	if code == 0 {
+		return nil
+	}
+	return exitError(code)
+}
+
+// signalName normalizes a signal as the daemon reports it ("SIGKILL",
+// "KILL", "9", "killed") to "SIGKILL" and its number.
+func signalName(s string) (string, int) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	if n, err := strconv.Atoi(t); err == nil && n > 0 && n < 65 {
+		if name := signalNames[n]; name != "" {
+			return name, n
+		}
+		return "SIG" + t, n
+	}
+	t = strings.TrimPrefix(t, "SIG")
+	for n, name := range signalNames {
+		if name == "SIG"+t || (name != "" && strings.EqualFold(syscall.Signal(n).String(), s)) {
+			return name, n
+		}
+	}
+	if s == "" {
+		return "(unknown)", 0
+	}
+	return s, 0
+}
+
+// signalNames are Linux's signal numbers.
+var signalNames = [...]string{
+	1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 5: "SIGTRAP", 6: "SIGABRT", 7: "SIGBUS",
+	8: "SIGFPE", 9: "SIGKILL", 10: "SIGUSR1", 11: "SIGSEGV", 12: "SIGUSR2", 13: "SIGPIPE",
+	14: "SIGALRM", 15: "SIGTERM", 16: "SIGSTKFLT", 17: "SIGCHLD", 18: "SIGCONT", 19: "SIGSTOP",
+	20: "SIGTSTP", 21: "SIGTTIN", 22: "SIGTTOU", 23: "SIGURG", 24: "SIGXCPU", 25: "SIGXFSZ",
+	26: "SIGVTALRM", 27: "SIGPROF", 28: "SIGWINCH", 29: "SIGIO", 30: "SIGPWR", 31: "SIGSYS",
+}
+
+// signalContext is cancelled by Ctrl-C or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// readStdin reads all of standard input for -i.
+func (c *cli) readStdin() ([]byte, error) {
+	b, err := io.ReadAll(c.stdin)
+	if err != nil {
+		return nil, fmt.Errorf("read standard input: %w", err)
+	}
+	return b, nil
+}
+
+func cmdExec(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	var o execOpts
+	o.define(f, false)
+	pos, cmd, err := f.parse(args, 1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usagef(v, "exec needs a sandbox ID and a command")
+	}
+	if len(cmd) == 0 {
+		return usagef(v, "exec needs a command after the sandbox ID, like: den exec %s -- ls -l", pos[0])
+	}
+	var stdin []byte
+	if o.interactive {
+		if stdin, err = c.readStdin(); err != nil {
+			return err
+		}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	err = c.runCommand(ctx, c.client(f), pos[0], &o, cmd, stdin)
+	if err == interruptErr {
+		fmt.Fprintln(c.stderr, "den: interrupted")
+		return exitError(130)
+	}
+	return err
+}

@@ -1,0 +1,538 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+)
+
+// fakeDaemon is a small in-memory den daemon speaking the HTTP API of
+// docs/api.md on a unix socket. Each sandbox's files live in a temporary
+// directory. exec understands a few commands:
+//
+//	echo ARGS...    print ARGS to stdout
+//	err TEXT        print TEXT to stderr
+//	exit N          exit with code N
+//	cat             copy stdin to stdout
+//	env             print the environment, one variable a line
+//	pwd             print the working directory
+//	die SIGNAL      be killed by SIGNAL
+//	timeout, oom    end with that reason
+//	nosuch          fail to start
+type fakeDaemon struct {
+	t    *testing.T
+	host string
+	dir  string
+
+	mu        sync.Mutex
+	sandboxes map[string]*fakeSandbox
+	order     []string
+	images    map[string]*api.Image
+	events    []*api.Event
+	log       []string // "METHOD /path?query" of every request
+	creates   []api.CreateRequest
+	execs     []api.ExecRequest
+	lastQuery map[string]string // route → raw query of its last request
+	archive   []byte            // when set, GET archive answers these bytes
+	uploads   [][]string        // entry names of each PUT archive
+}
+
+type fakeSandbox struct {
+	sb   *api.Sandbox
+	root string
+}
+
+func newFakeDaemon(t *testing.T) *fakeDaemon {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dencli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	f := &fakeDaemon{t: t, dir: dir, sandboxes: map[string]*fakeSandbox{}, images: map[string]*api.Image{}, lastQuery: map[string]string{}}
+	mux := http.NewServeMux()
+	handle := func(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			f.mu.Lock()
+			f.log = append(f.log, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery)
+			f.lastQuery[pattern] = r.URL.RawQuery
+			f.mu.Unlock()
+			if err := h(w, r); err != nil {
+				var e *api.Error
+				if !errors.As(err, &e) {
+					e = &api.Error{Kind: api.KindInternal, Message: err.Error()}
+				}
+				status := map[string]int{api.KindInvalid: 400, api.KindNotFound: 404, api.KindConflict: 409, api.KindExists: 409}[e.Kind]
+				if status == 0 {
+					status = 500
+				}
+				writeJSON(w, status, api.ErrorDoc{Error: e})
+			}
+		})
+	}
+	handle("GET /v1/version", func(w http.ResponseWriter, r *http.Request) error {
+		return writeJSON(w, 200, api.VersionInfo{Version: "fake-1", Go: "go0", Runtimes: []string{"fake"}})
+	})
+	handle("POST /v1/sandboxes", f.create)
+	handle("GET /v1/sandboxes", f.list)
+	handle("GET /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) error {
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		return writeJSON(w, 200, s.sb)
+	})
+	handle("POST /v1/sandboxes/{id}/stop", f.setState(api.StateStopped))
+	handle("POST /v1/sandboxes/{id}/start", f.setState(api.StateRunning))
+	handle("DELETE /v1/sandboxes/{id}", f.remove)
+	handle("POST /v1/sandboxes/{id}/exec", f.exec)
+	handle("GET /v1/sandboxes/{id}/files/stat", f.stat)
+	handle("GET /v1/sandboxes/{id}/archive", f.download)
+	handle("PUT /v1/sandboxes/{id}/archive", f.upload)
+	handle("GET /v1/images", func(w http.ResponseWriter, r *http.Request) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		list := []*api.Image{}
+		for _, img := range f.images {
+			list = append(list, img)
+		}
+		return writeJSON(w, 200, list)
+	})
+	handle("GET /v1/images/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		img := f.images[r.PathValue("name")]
+		if img == nil {
+			return api.Errorf(api.KindNotFound, "no image %q", r.PathValue("name"))
+		}
+		return writeJSON(w, 200, img)
+	})
+	handle("DELETE /v1/images/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.images[r.PathValue("name")] == nil {
+			return api.Errorf(api.KindNotFound, "no image %q", r.PathValue("name"))
+		}
+		delete(f.images, r.PathValue("name"))
+		w.WriteHeader(204)
+		return nil
+	})
+	handle("POST /v1/images/import", f.importImage)
+	handle("GET /v1/events", func(w http.ResponseWriter, r *http.Request) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		list := []*api.Event{}
+		for _, e := range f.events {
+			if s := r.URL.Query().Get("sandbox"); s != "" && e.Sandbox != s {
+				continue
+			}
+			if !strings.HasPrefix(e.Type, r.URL.Query().Get("type")) {
+				continue
+			}
+			list = append(list, e)
+		}
+		return writeJSON(w, 200, list)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("request outside the API: %s %s", r.Method, r.URL)
+		writeJSON(w, 404, api.ErrorDoc{Error: &api.Error{Kind: api.KindNotFound, Message: "no route"}})
+	})
+
+	srv := httptest.NewUnstartedServer(mux)
+	sock := filepath.Join(dir, "den.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.Start()
+	t.Cleanup(srv.Close)
+	f.host = "unix://" + sock
+	return f
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+func (f *fakeDaemon) event(sandbox, typ string) {
+	f.events = append(f.events, &api.Event{Seq: int64(len(f.events) + 1), Time: time.Now(), Sandbox: sandbox, Type: typ, Data: json.RawMessage(`{"x": 1}`)})
+}
+
+// addSandbox makes a sandbox directly, for tests that need one.
+func (f *fakeDaemon) addSandbox(req api.CreateRequest) *api.Sandbox {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, err := f.newSandbox(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return s.sb
+}
+
+func (f *fakeDaemon) newSandbox(req api.CreateRequest) (*fakeSandbox, error) {
+	for _, s := range f.sandboxes {
+		if req.Name != "" && s.sb.Name == req.Name {
+			return nil, api.Errorf(api.KindExists, "name %q is taken", req.Name)
+		}
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	root := filepath.Join(f.dir, id[:8])
+	if err := os.MkdirAll(filepath.Join(root, "work"), 0o755); err != nil {
+		return nil, err
+	}
+	img := req.Image
+	if img == "" {
+		img = "host"
+	}
+	s := &fakeSandbox{root: root, sb: &api.Sandbox{ID: id, Name: req.Name, Image: img, Runtime: "fake", State: api.StateRunning,
+		Labels: req.Labels, Env: req.Env, Workdir: req.Workdir, User: req.User, Limits: req.Limits, TTL: req.TTL,
+		CreatedAt: time.Now().Add(-3 * time.Minute)}}
+	f.sandboxes[id] = s
+	f.order = append(f.order, id)
+	f.event(id, "sandbox.create")
+	return s, nil
+}
+
+func (f *fakeDaemon) create(w http.ResponseWriter, r *http.Request) error {
+	var req api.CreateRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return api.Errorf(api.KindInvalid, "bad body: %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.creates = append(f.creates, req)
+	s, err := f.newSandbox(req)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, 201, s.sb)
+}
+
+func (f *fakeDaemon) list(w http.ResponseWriter, r *http.Request) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	list := []*api.Sandbox{}
+next:
+	for _, id := range f.order {
+		s := f.sandboxes[id]
+		if s == nil {
+			continue
+		}
+		for _, l := range r.URL.Query()["label"] {
+			k, v, _ := strings.Cut(l, "=")
+			if got, ok := s.sb.Labels[k]; !ok || got != v {
+				continue next
+			}
+		}
+		list = append(list, s.sb)
+	}
+	return writeJSON(w, 200, list)
+}
+
+// find resolves {id}: an id, a prefix of 4 or more, or a name.
+func (f *fakeDaemon) find(r *http.Request) (*fakeSandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.findLocked(r.PathValue("id"))
+}
+
+func (f *fakeDaemon) findLocked(id string) (*fakeSandbox, error) {
+	var found *fakeSandbox
+	for sid, s := range f.sandboxes {
+		if sid == id || s.sb.Name == id || (len(id) >= 4 && strings.HasPrefix(sid, id)) {
+			if found != nil && found != s {
+				return nil, api.Errorf(api.KindConflict, "%q is ambiguous", id)
+			}
+			found = s
+		}
+	}
+	if found == nil {
+		return nil, api.Errorf(api.KindNotFound, "no such sandbox %q", id)
+	}
+	return found, nil
+}
+
+func (f *fakeDaemon) setState(state string) func(w http.ResponseWriter, r *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		s.sb.State = state
+		f.mu.Unlock()
+		return writeJSON(w, 200, s.sb)
+	}
+}
+
+func (f *fakeDaemon) remove(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s.sb.State == api.StateRunning && r.URL.Query().Get("force") != "true" {
+		return api.Errorf(api.KindConflict, "sandbox %s is running", s.sb.ID[:12])
+	}
+	delete(f.sandboxes, s.sb.ID)
+	os.RemoveAll(s.root)
+	f.event(s.sb.ID, "sandbox.remove")
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (f *fakeDaemon) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.sandboxes)
+}
+
+func (f *fakeDaemon) exec(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	var req api.ExecRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return api.Errorf(api.KindInvalid, "bad body: %v", err)
+	}
+	f.mu.Lock()
+	f.execs = append(f.execs, req)
+	f.mu.Unlock()
+	if len(req.Cmd) == 0 {
+		return api.FieldError("cmd", "empty")
+	}
+	var stdout, stderr bytes.Buffer
+	st := api.ExitStatus{Reason: api.ReasonExited, Duration: api.Duration(time.Millisecond)}
+	switch args := req.Cmd[1:]; req.Cmd[0] {
+	case "echo":
+		fmt.Fprintln(&stdout, strings.Join(args, " "))
+	case "err":
+		fmt.Fprintln(&stderr, strings.Join(args, " "))
+	case "exit":
+		st.ExitCode, _ = strconv.Atoi(args[0])
+	case "cat":
+		stdout.Write(req.Stdin)
+	case "env":
+		for _, e := range append(append([]string{}, s.sb.Env...), req.Env...) {
+			fmt.Fprintln(&stdout, e)
+		}
+	case "pwd":
+		fmt.Fprintln(&stdout, req.Workdir)
+	case "die":
+		st.Reason, st.Signal, st.ExitCode = api.ReasonSignaled, args[0], -1
+	case "timeout":
+		st.Reason, st.ExitCode = api.ReasonTimeout, -1
+	case "oom":
+		st.Reason, st.ExitCode, st.Signal = api.ReasonOOM, -1, "SIGKILL"
+	default:
+		st.Reason, st.ExitCode, st.Error = api.ReasonFailed, -1, `exec: "`+req.Cmd[0]+`": executable file not found in $PATH`
+	}
+	if r.Header.Get("Accept") != api.StreamContentType {
+		return writeJSON(w, 200, api.ExecResult{ExitStatus: st, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()})
+	}
+	w.Header().Set("Content-Type", api.StreamContentType)
+	api.WriteJSONFrame(w, api.FrameStarted, api.Process{ID: "p1", Pid: 7})
+	if stdout.Len() > 0 {
+		api.WriteFrame(w, api.FrameStdout, stdout.Bytes())
+	}
+	if stderr.Len() > 0 {
+		api.WriteFrame(w, api.FrameStderr, stderr.Bytes())
+	}
+	return api.WriteJSONFrame(w, api.FrameExit, st)
+}
+
+// hostPath maps a sandbox path to the fake's directory.
+func (s *fakeSandbox) hostPath(p string) string {
+	return filepath.Join(s.root, filepath.FromSlash(path.Clean("/"+p)))
+}
+
+func (f *fakeDaemon) stat(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	p := r.URL.Query().Get("path")
+	fi, err := os.Lstat(s.hostPath(p))
+	if err != nil {
+		return api.Errorf(api.KindNotFound, "%s: no such file or directory", p)
+	}
+	typ := "file"
+	switch {
+	case fi.IsDir():
+		typ = "dir"
+	case fi.Mode()&fs.ModeSymlink != 0:
+		typ = "symlink"
+	}
+	return writeJSON(w, 200, api.FileInfo{Name: fi.Name(), Path: p, Type: typ, Size: fi.Size(), Mode: uint32(fi.Mode().Perm()), ModTime: fi.ModTime()})
+}
+
+func (f *fakeDaemon) download(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	canned := f.archive
+	f.mu.Unlock()
+	if canned != nil {
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Write(canned)
+		return nil
+	}
+	p := path.Clean("/" + r.URL.Query().Get("path"))
+	top := s.hostPath(p)
+	if _, err := os.Lstat(top); err != nil {
+		return api.Errorf(api.KindNotFound, "%s: no such file or directory", p)
+	}
+	base := path.Base(p)
+	if p == "/" {
+		base = "."
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	tw := tar.NewWriter(w)
+	err = filepath.Walk(top, func(full string, fi fs.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(top, full)
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			link, _ = os.Readlink(full)
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = path.Join(base, filepath.ToSlash(rel))
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			b, err := os.ReadFile(full)
+			if err != nil {
+				return err
+			}
+			tw.Write(b)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+func (f *fakeDaemon) upload(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	dir := s.hostPath(r.URL.Query().Get("path"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tr := tar.NewReader(r.Body)
+	var names []string
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return api.Errorf(api.KindInvalid, "read tar: %v", err)
+		}
+		names = append(names, hdr.Name)
+		if strings.HasPrefix(hdr.Name, "/") || strings.Contains("/"+hdr.Name+"/", "/../") {
+			return api.Errorf(api.KindInvalid, "entry %q escapes", hdr.Name)
+		}
+		full := filepath.Join(dir, filepath.FromSlash(hdr.Name))
+		os.MkdirAll(filepath.Dir(full), 0o755)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			os.MkdirAll(full, 0o755)
+			os.Chmod(full, os.FileMode(hdr.Mode).Perm())
+		case tar.TypeReg:
+			os.Remove(full)
+			b, _ := io.ReadAll(tr)
+			if err := os.WriteFile(full, b, os.FileMode(hdr.Mode).Perm()); err != nil {
+				return err
+			}
+			os.Chmod(full, os.FileMode(hdr.Mode).Perm())
+		case tar.TypeSymlink:
+			os.Remove(full)
+			if err := os.Symlink(hdr.Linkname, full); err != nil {
+				return err
+			}
+		case tar.TypeLink:
+			os.Remove(full)
+			if err := os.Link(filepath.Join(dir, filepath.FromSlash(hdr.Linkname)), full); err != nil {
+				return err
+			}
+		}
+	}
+	f.mu.Lock()
+	f.uploads = append(f.uploads, names)
+	f.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (f *fakeDaemon) importImage(w http.ResponseWriter, r *http.Request) error {
+	body, _ := io.ReadAll(r.Body)
+	if !bytes.HasPrefix(body, []byte("OCI")) {
+		return api.Errorf(api.KindInvalid, "not an OCI archive")
+	}
+	name := r.URL.Query().Get("name")
+	if name == "" {
+		name = "imported:latest"
+	}
+	img := &api.Image{Name: name, ID: "sha256:0123456789abcdef0123", Size: int64(len(body)) << 20, CreatedAt: time.Now().Add(-2 * time.Hour)}
+	f.mu.Lock()
+	f.images[name] = img
+	f.mu.Unlock()
+	if r.Header.Get("Accept") != "application/x-ndjson" {
+		return writeJSON(w, 200, []*api.Image{img})
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	total := int64(len(body))
+	for _, done := range []int64{0, total / 2, total} {
+		enc.Encode(map[string]any{"progress": map[string]any{"done": done, "total": total, "what": "layer sha256:aaaa"}})
+	}
+	enc.Encode(map[string]any{"progress": map[string]any{"done": 1, "total": 1, "what": "config"}})
+	return enc.Encode(map[string]any{"images": []*api.Image{img}})
+}

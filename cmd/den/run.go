@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+var verbRun = &verb{
+	name:     "run",
+	summary:  "create a sandbox and run a command in it",
+	synopsis: "[flags] [--] [CMD [ARG...]]",
+	details: `The command's output is streamed and den exits with its exit code (128+N when
+killed by signal N, 124 on timeout, 137 when out of memory). With --rm the
+sandbox is removed afterwards, even on failure or Ctrl-C. Without a command,
+den run prints the new sandbox's id, like den create. Each argument is one
+argv entry; for a shell line use: den run -- sh -c '...'`,
+	example: `den run --rm --memory 512m --timeout 30s -- python3 -c 'print(6*7)'
+		cat data.csv | den run --rm -i --image alpine:3.20 -- wc -l`,
+	run: cmdRun,
+}
+
+func cmdRun(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	var so sandboxOpts
+	so.define(f)
+	var eo execOpts
+	eo.define(f, true)
+	rm := f.Bool("rm", "", "remove the sandbox when the command ends")
+	_, cmd, err := f.parse(args, 0, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(cmd) == 0 {
+		for _, name := range []string{"rm", "interactive", "timeout"} {
+			if f.isSet(name) {
+				return usagef(v, "%s needs a command to run, like: den run %s -- ls", spell(name), spell(name))
+			}
+		}
+	}
+	eo.env, eo.workdir, eo.user = so.env, so.workdir, so.user
+	var stdin []byte
+	if eo.interactive {
+		if stdin, err = c.readStdin(); err != nil {
+			return err
+		}
+	}
+
+	ctx, stop := signalContext()
+	defer stop()
+	cl := c.client(f)
+	sb, err := cl.Create(ctx, so.request())
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(c.stderr, "den: interrupted")
+			return exitError(130)
+		}
+		return err
+	}
+	if len(cmd) == 0 {
+		if *eo.jsonOut {
+			return c.printJSON(sb)
+		}
+		_, err := fmt.Fprintln(c.stdout, sb.ID)
+		return err
+	}
+	if *rm {
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := cl.Remove(rctx, sb.ID, true); err != nil {
+				fmt.Fprintf(c.stderr, "den: remove sandbox %s: %v\n", shortID(sb.ID), err)
+			}
+		}()
+	}
+	err = c.runCommand(ctx, cl, sb.ID, &eo, cmd, stdin)
+	if err == interruptErr {
+		fmt.Fprintln(c.stderr, "den: interrupted")
+		return exitError(130)
+	}
+	return err
+}
