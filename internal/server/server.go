@@ -288,6 +288,8 @@ func decodeErr(err error) error {
 	switch {
 	case errors.Is(err, io.EOF):
 		return api.Errorf(api.KindInvalid, "empty request body: send a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return api.Errorf(api.KindInvalid, "malformed JSON: the body ends in the middle of a value")
 	case errors.As(err, &se):
 		return api.Errorf(api.KindInvalid, "malformed JSON at byte %d: %v", se.Offset, err)
 	case errors.As(err, &te):

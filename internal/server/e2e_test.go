@@ -1,0 +1,664 @@
+package server_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/sandbox"
+	"github.com/den-dev/den/internal/server"
+	"github.com/den-dev/den/internal/store"
+)
+
+func TestMain(m *testing.M) {
+	if linux.IsInit(os.Args[1:]) {
+		linux.Init()
+	}
+	if len(os.Args) > 1 && os.Args[1] == "__userns-hold" {
+		linux.HoldUserns()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+type env struct {
+	c    *client.Client
+	m    *sandbox.Manager
+	db   *store.DB
+	sock string
+	http *http.Server
+	data string
+	rt   *linux.Runtime
+}
+
+var envSeq struct {
+	sync.Mutex
+	n int
+}
+
+// newEnv starts a real daemon stack (SQLite, linux runtime, manager, HTTP
+// server on a unix socket) in this process. It skips without root.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end tests need root (CI runs them as root)")
+	}
+	envSeq.Lock()
+	envSeq.n++
+	n := envSeq.n
+	envSeq.Unlock()
+	data := t.TempDir()
+	db, err := store.Open(filepath.Join(data, "den.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgs, err := image.NewStore(filepath.Join(data, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := linux.New(linux.Config{RunDir: fmt.Sprintf("/run/den-e2e/%d-%d", os.Getpid(), n), CgroupName: "den-e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{db: db, data: data, rt: rt}
+	e.start(t, imgs)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		all, _ := e.m.List(ctx, nil)
+		for _, s := range all {
+			e.m.Remove(ctx, s.ID, true)
+		}
+		e.stop()
+		db.Close()
+	})
+	return e
+}
+
+func (e *env) start(t *testing.T, imgs *image.Store) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m, err := sandbox.New(context.Background(), sandbox.Config{
+		DataDir: e.data, Runtime: e.rt, Store: e.db, Images: imgs, Log: log,
+		Defaults: api.Limits{Memory: 512 << 20, Pids: 512},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m = m
+	e.sock = filepath.Join(e.data, "den.sock")
+	os.Remove(e.sock)
+	ln, err := net.Listen("unix", e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.http = &http.Server{Handler: server.New(m, e.db, log, "test", e.rt.CgroupVersion())}
+	go e.http.Serve(ln)
+	e.c = client.New("unix://" + e.sock)
+}
+
+func (e *env) stop() {
+	e.http.Close()
+	e.m.Close()
+}
+
+func (e *env) create(t *testing.T, req api.CreateRequest) *api.Sandbox {
+	t.Helper()
+	sb, err := e.c.Create(context.Background(), req)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	return sb
+}
+
+func (e *env) sh(t *testing.T, id, script string) *api.ExecResult {
+	t.Helper()
+	res, err := e.c.Exec(context.Background(), id, api.ExecRequest{Shell: script, Timeout: api.Duration(60 * time.Second)})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	return res
+}
+
+func wantKind(t *testing.T, err error, kind string) *api.Error {
+	t.Helper()
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		t.Fatalf("want a %s API error, got %v", kind, err)
+	}
+	if ae.Kind != kind {
+		t.Fatalf("want kind %s, got %s: %s", kind, ae.Kind, ae.Message)
+	}
+	return ae
+}
+
+func TestLifecycle(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{Name: "life", Labels: map[string]string{"team": "a"}, Env: []string{"GREETING=hi"}})
+	if sb.State != api.StateRunning || sb.Hostname != "life" {
+		t.Fatalf("created %+v", sb)
+	}
+	e.create(t, api.CreateRequest{Labels: map[string]string{"team": "b"}})
+	list, err := e.c.List(ctx, map[string]string{"team": "a"})
+	if err != nil || len(list) != 1 || list[0].ID != sb.ID {
+		t.Fatalf("label filter: %v %v", list, err)
+	}
+	_, err = e.c.Create(ctx, api.CreateRequest{Name: "life"})
+	wantKind(t, err, api.KindExists)
+
+	res := e.sh(t, "life", `echo "$GREETING $(hostname) $(id -u)"; echo err >&2; exit 3`)
+	if string(res.Stdout) != "hi life 0\n" || string(res.Stderr) != "err\n" || res.ExitCode != 3 || res.Reason != api.ReasonExited {
+		t.Fatalf("exec result %+v stdout %q stderr %q", res.ExitStatus, res.Stdout, res.Stderr)
+	}
+	// Files written survive stop and start.
+	e.sh(t, sb.ID, "echo kept > /root/note")
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"true"}})
+	wantKind(t, err, api.KindConflict)
+	if s, err := e.c.Start(ctx, sb.ID); err != nil || s.State != api.StateRunning {
+		t.Fatalf("start: %v %v", s, err)
+	}
+	if res := e.sh(t, sb.ID, "cat /root/note"); string(res.Stdout) != "kept\n" {
+		t.Fatalf("file lost across stop/start: %q", res.Stdout)
+	}
+	wantKind(t, e.c.Remove(ctx, sb.ID, false), api.KindConflict)
+	if err := e.c.Remove(ctx, sb.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.c.Get(ctx, sb.ID)
+	wantKind(t, err, api.KindNotFound)
+	if _, err := os.Stat(filepath.Join(e.data, "sandboxes", sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("sandbox files left after rm: %v", err)
+	}
+	evs, err := e.c.Events(ctx, client.EventFilter{Sandbox: sb.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, ev := range evs {
+		types = append(types, ev.Type)
+	}
+	if got := strings.Join(types, ","); !strings.HasPrefix(got, "sandbox.create,exec.end") || !strings.HasSuffix(got, "sandbox.remove") {
+		t.Fatalf("events %s", got)
+	}
+}
+
+func TestExecFeatures(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{Workdir: "/tmp"})
+	res, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"sh", "-c", "pwd; cat; id -un"}, Stdin: []byte("from stdin\n"), User: "nobody", Env: []string{"A=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "/tmp\nfrom stdin\nnobody\n" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+	// Stdin is closed unless given: cat ends at once.
+	if res := e.sh(t, sb.ID, "cat; echo done"); string(res.Stdout) != "done\n" {
+		t.Fatalf("stdin not closed: %q", res.Stdout)
+	}
+	// The server-side timeout kills the whole process group.
+	start := time.Now()
+	res, err = e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: "sleep 100 & echo $! > /tmp/bg; sleep 100", Timeout: api.Duration(300 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != api.ReasonTimeout || res.ExitCode != 124 || time.Since(start) > 5*time.Second {
+		t.Fatalf("timeout: %+v after %v", res.ExitStatus, time.Since(start))
+	}
+	if r := e.sh(t, sb.ID, `kill -0 $(cat /tmp/bg) 2>/dev/null && echo alive || echo gone`); string(r.Stdout) != "gone\n" {
+		t.Fatalf("background child survived the timeout: %q", r.Stdout)
+	}
+	// A signal is reported as such.
+	if r := e.sh(t, sb.ID, "kill -TERM $$"); r.Reason != api.ReasonSignaled || r.Signal != "SIGTERM" || r.ExitCode != 143 {
+		t.Fatalf("signal: %+v", r.ExitStatus)
+	}
+	// Unknown commands fail with 127 and a message.
+	r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"no-such-command"}})
+	if err != nil || r.ExitCode != 127 || r.Reason != api.ReasonFailed || !strings.Contains(r.Error, "not found") {
+		t.Fatalf("missing command: %+v %v", r, err)
+	}
+	// Streaming delivers output as it comes.
+	var out, errb bytes.Buffer
+	st, err := e.c.ExecStream(ctx, sb.ID, api.ExecRequest{Shell: "for i in 1 2 3; do echo $i; echo e$i >&2; done"}, &out, &errb)
+	if err != nil || st.ExitCode != 0 || out.String() != "1\n2\n3\n" || errb.String() != "e1\ne2\ne3\n" {
+		t.Fatalf("stream: %+v %v %q %q", st, err, out.String(), errb.String())
+	}
+	// Many execs at once in one sandbox.
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: fmt.Sprintf("sleep 0.2; echo %d", i)})
+			if err == nil && string(r.Stdout) != fmt.Sprintf("%d\n", i) {
+				err = fmt.Errorf("exec %d printed %q", i, r.Stdout)
+			}
+			errs <- err
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return net.Dial("unix", e.sock)
+	}}}
+	cases := []struct {
+		method, path, body string
+		status             int
+		kind, field, msg   string
+	}{
+		{"POST", "/v1/sandboxes", `{"name":`, 400, "invalid", "", "malformed JSON"},
+		{"POST", "/v1/sandboxes", ``, 400, "invalid", "", "empty"},
+		{"POST", "/v1/sandboxes", `{"nmae":"x"}`, 400, "invalid", "nmae", "unknown field"},
+		{"POST", "/v1/sandboxes", `{"limits":{"memory":"12q"}}`, 400, "invalid", "", "bad size"},
+		{"POST", "/v1/sandboxes", `{"limits":{"memory":"-5m"}}`, 400, "invalid", "", "negative"},
+		{"POST", "/v1/sandboxes", `{"limits":{"memory":"1k"}}`, 400, "invalid", "limits.memory", "minimum"},
+		{"POST", "/v1/sandboxes", `{"limits":{"cpus":1000}}`, 400, "invalid", "limits.cpus", "out of range"},
+		{"POST", "/v1/sandboxes", `{"limits":{"pids":-1}}`, 400, "invalid", "limits.pids", ""},
+		{"POST", "/v1/sandboxes", `{"ttl":"soon"}`, 400, "invalid", "", "bad duration"},
+		{"POST", "/v1/sandboxes", `{"name":"../x"}`, 400, "invalid", "name", ""},
+		{"POST", "/v1/sandboxes", `{"image":"nope"}`, 404, "not_found", "", "no image"},
+		{"POST", "/v1/sandboxes", `{"env":["NOEQUALS"]}`, 400, "invalid", "env", ""},
+		{"POST", "/v1/sandboxes", `{} {}`, 400, "invalid", "", "trailing"},
+		{"POST", "/v1/sandboxes", `{"labels":"x"}`, 400, "invalid", "labels", ""},
+		{"POST", "/v1/sandboxes", `{"name":"` + strings.Repeat("a", 2<<20) + `"}`, 413, "too_large", "", ""},
+		{"GET", "/v1/sandboxes/doesnotexist", ``, 404, "not_found", "", ""},
+		{"DELETE", "/v1/sandboxes/doesnotexist", ``, 404, "not_found", "", ""},
+		{"POST", "/v1/sandboxes/doesnotexist/exec", `{"cmd":["true"]}`, 404, "not_found", "", ""},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{}`, 400, "invalid", "cmd", ""},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":["true"],"shell":"true"}`, 400, "invalid", "shell", ""},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":["true"],"timeout":"-1s"}`, 400, "invalid", "", "negative"},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":["true"],"workdir":"relative"}`, 400, "invalid", "workdir", ""},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":["true"],"user":"nosuchuser"}`, 400, "invalid", "user", ""},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":["true"],"workdir":"/nonexistent"}`, 400, "invalid", "workdir", ""},
+		{"GET", "/v1/sandboxes/" + sb.ID + "/files", ``, 400, "invalid", "path", ""},
+		{"GET", "/v1/sandboxes/" + sb.ID + "/files?path=/nonexistent", ``, 404, "not_found", "", ""},
+		{"PUT", "/v1/sandboxes/" + sb.ID + "/files?path=/tmp/x&mode=999", `x`, 400, "invalid", "mode", ""},
+		{"DELETE", "/v1/sandboxes/" + sb.ID + "?force=maybe", ``, 400, "invalid", "force", ""},
+		{"GET", "/v1/sandboxes?label=nolabel", ``, 400, "invalid", "label", ""},
+		{"GET", "/v1/events?limit=x", ``, 400, "invalid", "limit", ""},
+		{"GET", "/v1/nothing", ``, 404, "not_found", "", "no route"},
+		{"DELETE", "/v1/images/host", ``, 409, "conflict", "", "built in"},
+	}
+	for _, c := range cases {
+		req, _ := http.NewRequest(c.method, "http://den"+c.path, strings.NewReader(c.body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.method, c.path, err)
+		}
+		var doc api.ErrorDoc
+		err = json.NewDecoder(resp.Body).Decode(&doc)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || err != nil || doc.Error == nil || doc.Error.Kind != c.kind {
+			t.Errorf("%s %s %.60s: status %d doc %+v err %v; want %d %s", c.method, c.path, c.body, resp.StatusCode, doc.Error, err, c.status, c.kind)
+			continue
+		}
+		if c.field != "" && doc.Error.Field != c.field {
+			t.Errorf("%s %s %.60s: field %q, want %q (%s)", c.method, c.path, c.body, doc.Error.Field, c.field, doc.Error.Message)
+		}
+		if c.msg != "" && !strings.Contains(doc.Error.Message, c.msg) {
+			t.Errorf("%s %s %.60s: message %q lacks %q", c.method, c.path, c.body, doc.Error.Message, c.msg)
+		}
+	}
+	// The daemon still answers and the sandbox still works.
+	if r := e.sh(t, sb.ID, "echo ok"); string(r.Stdout) != "ok\n" {
+		t.Fatalf("after bad input: %q", r.Stdout)
+	}
+}
+
+func TestFiles(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{})
+	id := sb.ID
+	fi, err := e.c.WriteFile(ctx, id, "/work/deep/dir/a.txt", strings.NewReader("hello"), 0o640)
+	if err != nil || fi.Size != 5 || fi.Mode != 0o640 || fi.Type != "file" {
+		t.Fatalf("write: %+v %v", fi, err)
+	}
+	rc, err := e.c.ReadFile(ctx, id, "/work/deep/dir/a.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "hello" {
+		t.Fatalf("read %q", b)
+	}
+	if _, err := e.c.Mkdir(ctx, id, "/work/m/n", 0o700, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Rename(ctx, id, "/work/deep/dir/a.txt", "/work/m/b.txt"); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := e.c.ListDir(ctx, id, "/work/m")
+	if err != nil || len(ls) != 2 || ls[0].Name != "b.txt" || ls[1].Name != "n" || ls[1].Type != "dir" {
+		t.Fatalf("list: %+v %v", ls, err)
+	}
+	if err := e.c.RemoveFile(ctx, id, "/work", false); err == nil {
+		t.Fatal("non-recursive remove of a non-empty dir succeeded")
+	}
+	if err := e.c.RemoveFile(ctx, id, "/work", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Stat(ctx, id, "/work"); err == nil {
+		t.Fatal("/work still there")
+	}
+
+	// Escapes: every path resolves inside the sandbox.
+	secret := filepath.Join(t.TempDir(), "host-secret")
+	os.WriteFile(secret, []byte("HOST"), 0o600)
+	e.sh(t, id, fmt.Sprintf("ln -s %s /tmp/abs; ln -s ../../../../../../%s /tmp/rel; ln -s /proc/1/root/etc /tmp/procroot", secret, secret))
+	for _, p := range []string{"/../../../../" + secret, secret, "/tmp/abs", "/tmp/rel", "/proc/1/exe", "/proc/self/fd/3", "/proc/1/fd/1"} {
+		rc, err := e.c.ReadFile(ctx, id, p)
+		if err == nil {
+			b, _ := io.ReadAll(rc)
+			rc.Close()
+			if strings.Contains(string(b), "HOST") || bytes.HasPrefix(b, []byte("\x7fELF")) {
+				t.Fatalf("read of %s reached a host file", p)
+			}
+		}
+	}
+	// Writing through symlinks lands inside the sandbox, never on the host.
+	e.sh(t, id, "mkdir -p "+filepath.Dir(secret))
+	if _, err := e.c.WriteFile(ctx, id, "/tmp/abs", strings.NewReader("pwned"), 0o644); err != nil {
+		t.Fatalf("write through symlink: %v", err)
+	}
+	if b, _ := os.ReadFile(secret); string(b) != "HOST" {
+		t.Fatal("a write through a symlink changed a host file")
+	}
+	if r := e.sh(t, id, "cat "+secret); string(r.Stdout) != "pwned" {
+		t.Fatalf("the write should land at the same path inside the sandbox: %q", r.Stdout)
+	}
+	// Hard links to host files cannot even be made: host paths are not there.
+	if r := e.sh(t, id, "ln /etc/hostname /tmp/hl 2>&1; ln "+secret+" /tmp/hl2 2>&1 && cat /tmp/hl2"); strings.Contains(string(r.Stdout), "HOST") {
+		t.Fatal("hard link reached a host file")
+	}
+
+	// Archives: round trip a tree; refuse entries escaping the target.
+	e.sh(t, id, "mkdir -p /src/sub && echo one > /src/sub/f && ln -s f /src/sub/l && chmod 600 /src/sub/f")
+	rc, err = e.c.Download(ctx, id, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarball, _ := io.ReadAll(rc)
+	rc.Close()
+	names := tarNames(t, tarball)
+	if strings.Join(names, ",") != "src/,src/sub/,src/sub/f,src/sub/l" {
+		t.Fatalf("tar entries %v", names)
+	}
+	if err := e.c.Upload(ctx, id, "/dst", bytes.NewReader(tarball)); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh(t, id, "cat /dst/src/sub/l; stat -c %a /dst/src/sub/f; readlink /dst/src/sub/l"); string(r.Stdout) != "one\n600\nf\n" {
+		t.Fatalf("uploaded tree: %q", r.Stdout)
+	}
+	for _, evil := range []func(*tar.Writer){
+		func(tw *tar.Writer) { tw.WriteHeader(&tar.Header{Name: "../escape", Mode: 0o644, Size: 1}); tw.Write([]byte("x")) },
+		func(tw *tar.Writer) { tw.WriteHeader(&tar.Header{Name: "/abs", Mode: 0o644, Size: 1}); tw.Write([]byte("x")) },
+		func(tw *tar.Writer) {
+			tw.WriteHeader(&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: "/etc"})
+			tw.WriteHeader(&tar.Header{Name: "link/evil", Mode: 0o644, Size: 1})
+			tw.Write([]byte("x"))
+		},
+		func(tw *tar.Writer) { tw.WriteHeader(&tar.Header{Name: "hl", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"}) },
+	} {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		evil(tw)
+		tw.Close()
+		err := e.c.Upload(ctx, id, "/up", &buf)
+		if err == nil {
+			t.Fatalf("evil archive accepted")
+		}
+	}
+	if r := e.sh(t, id, "ls /escape /abs /etc/evil 2>/dev/null; echo end"); string(r.Stdout) != "end\n" {
+		t.Fatalf("evil archive wrote outside its target: %q", r.Stdout)
+	}
+}
+
+func tarNames(t *testing.T, b []byte) []string {
+	tr := tar.NewReader(bytes.NewReader(b))
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+}
+
+// A symlink swapped in while a tree is being copied never leads outside.
+func TestSymlinkSwapRace(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{})
+	secret := filepath.Join(t.TempDir(), "race-secret")
+	os.WriteFile(secret, []byte("HOSTSECRET"), 0o644)
+	e.sh(t, sb.ID, "mkdir -p /race/d && for i in $(seq 1 50); do echo data > /race/d/f$i; done")
+	go e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: fmt.Sprintf(`end=$(($(date +%%s)+3)); while [ $(date +%%s) -lt $end ]; do for i in 1 2 3 4 5; do rm -f /race/d/f$i; ln -s %s /race/d/f$i; rm -f /race/d/f$i; echo data > /race/d/f$i; done; done`, secret)})
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		rc, err := e.c.Download(ctx, sb.ID, "/race")
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		if bytes.Contains(b, []byte("HOSTSECRET")) {
+			t.Fatal("a copy followed a swapped-in symlink to a host file")
+		}
+		rc, err = e.c.ReadFile(ctx, sb.ID, "/race/d/f1")
+		if err == nil {
+			b, _ := io.ReadAll(rc)
+			rc.Close()
+			if bytes.Contains(b, []byte("HOSTSECRET")) {
+				t.Fatal("a read followed a swapped-in symlink to a host file")
+			}
+		}
+	}
+}
+
+func TestIsolation(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	r := e.sh(t, sb.ID, `
+		echo procs=$(ls /proc | grep -c '^[0-9]')
+		unshare -U true 2>/dev/null && echo unshare=yes || echo unshare=no
+		mount -t tmpfs x /tmp 2>/dev/null && echo mount=yes || echo mount=no
+		ip link add dummy0 type dummy 2>/dev/null && echo netadmin=yes || echo netadmin=no
+		echo 1 > /proc/sys/kernel/sysrq 2>/dev/null && echo procsys=yes || echo procsys=no
+		cat /proc/kcore 2>/dev/null | head -c1 | wc -c | sed 's/^/kcore=/'
+		grep -c . /proc/net/dev | sed 's/^/netdevs=/'
+		ls /root /home | tr '\n' ' '; echo
+		test -e /var/lib/den && echo dendata=yes || echo dendata=no
+		test -e /etc/ssh/ssh_host_rsa_key && echo hostkey=yes || echo hostkey=no
+		grep -c 'CapEff:.*a80425fb\|CapEff:.*a80405fb' /proc/self/status | sed 's/^/capeff=/'
+	`)
+	out := string(r.Stdout)
+	for _, want := range []string{"unshare=no", "mount=no", "netadmin=no", "procsys=no", "kcore=0", "netdevs=3", "dendata=no", "hostkey=no", "capeff=1"} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("isolation: want %s in\n%s", want, out)
+		}
+	}
+	var procs int
+	fmt.Sscanf(out[strings.Index(out, "procs="):], "procs=%d", &procs)
+	if procs < 2 || procs > 8 {
+		t.Errorf("want only the sandbox's few processes in /proc, saw %d", procs)
+	}
+	// apt/dpkg state is the sandbox's own copy: a change stays inside.
+	if r := e.sh(t, sb.ID, "touch /usr/bin/den-marker /var/lib/dpkg/den-marker && echo ok"); string(r.Stdout) != "ok\n" {
+		t.Fatalf("root cannot change image files via copy-up: %q %q", r.Stdout, r.Stderr)
+	}
+	for _, p := range []string{"/usr/bin/den-marker", "/var/lib/dpkg/den-marker"} {
+		if _, err := os.Stat(p); err == nil {
+			t.Fatalf("sandbox write reached host %s", p)
+		}
+	}
+	other := e.create(t, api.CreateRequest{})
+	if r := e.sh(t, other.ID, "test -e /usr/bin/den-marker && echo leak || echo clean"); string(r.Stdout) != "clean\n" {
+		t.Fatalf("one sandbox's write is visible in another: %q", r.Stdout)
+	}
+}
+
+func TestLimitsContainBombs(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	bystander := e.create(t, api.CreateRequest{})
+	bomb := e.create(t, api.CreateRequest{Limits: api.Limits{Pids: 64, Memory: 64 << 20}})
+	// Memory bomb: reported as an out-of-memory kill.
+	r, err := e.c.Exec(ctx, bomb.ID, api.ExecRequest{Cmd: []string{"python3", "-c", "a = bytearray(512 << 20)"}, Timeout: api.Duration(30 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Reason != api.ReasonOOM || r.ExitCode != 137 {
+		t.Fatalf("memory bomb: %+v stderr %.300q", r.ExitStatus, r.Stderr)
+	}
+	// Fork bomb: held at the pids limit while the other sandbox keeps
+	// answering; the timeout then kills the whole process group.
+	done := make(chan *api.ExecResult, 1)
+	go func() {
+		r, _ := e.c.Exec(ctx, bomb.ID, api.ExecRequest{Shell: `b() { b | b & }; b; while :; do b 2>/dev/null; sleep 0.01; done`, Timeout: api.Duration(4 * time.Second)})
+		done <- r
+	}()
+	time.Sleep(time.Second)
+	for i := 0; i < 5; i++ {
+		start := time.Now()
+		if r := e.sh(t, bystander.ID, "echo alive"); string(r.Stdout) != "alive\n" {
+			t.Fatalf("bystander: %q", r.Stdout)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Fatalf("bystander took %v during a fork bomb", d)
+		}
+	}
+	if n := countProcs(t, bomb.Pid); n > 64 {
+		t.Fatalf("fork bomb grew to %d processes past the pids limit of 64", n)
+	}
+	if r := <-done; r == nil || (r.Reason != api.ReasonTimeout && r.Reason != api.ReasonExited) {
+		t.Fatalf("fork bomb exec did not end cleanly: %v", r != nil)
+	}
+	// Stopping kills whatever the bomb left; the sandbox starts again clean.
+	if _, err := e.c.Stop(ctx, bomb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Start(ctx, bomb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh(t, bomb.ID, "echo recovered"); string(r.Stdout) != "recovered\n" {
+		t.Fatalf("bomb sandbox unusable after restart: %q", r.Stdout)
+	}
+}
+
+// countProcs counts the processes in the pid namespace of host pid init.
+func countProcs(t *testing.T, init int) int {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", init))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/" + e.Name() + "/ns/pid"); err == nil && l == ns {
+			n++
+		}
+	}
+	return n
+}
+
+// A command printing gigabytes to a reader that drops it does not grow the
+// daemon's memory.
+func TestOutputFloodBoundedMemory(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var n countWriter
+	st, err := e.c.ExecStream(context.Background(), sb.ID, api.ExecRequest{Shell: "head -c 2000000000 /dev/zero"}, &n, io.Discard)
+	if err != nil || st.ExitCode != 0 {
+		t.Fatalf("flood: %+v %v", st, err)
+	}
+	if n != 2000000000 {
+		t.Fatalf("got %d bytes, want all 2e9", int64(n))
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if grow := int64(after.HeapInuse) - int64(before.HeapInuse); grow > 64<<20 {
+		t.Fatalf("daemon heap grew by %d MiB while streaming 2 GB", grow>>20)
+	}
+	// The JSON form caps what it keeps and says so.
+	r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Shell: "head -c 50000000 /dev/zero"})
+	if err != nil || !r.Truncated || len(r.Stdout) != server.MaxCapture {
+		t.Fatalf("capture: truncated=%v len=%d err=%v", r != nil && r.Truncated, len(r.Stdout), err)
+	}
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+func TestTTLExpires(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{TTL: api.Duration(time.Second)})
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := e.c.Get(context.Background(), sb.ID); err != nil {
+			wantKind(t, err, api.KindNotFound)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("sandbox outlived its TTL")
+}
+
+// Sandboxes and their processes survive a daemon restart.
+func TestDaemonRestartReattaches(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	e.sh(t, sb.ID, "sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
+	e.stop()
+	imgs, _ := image.NewStore(filepath.Join(e.data, "images"))
+	e.start(t, imgs)
+	got, err := e.c.Get(context.Background(), sb.ID)
+	if err != nil || got.State != api.StateRunning {
+		t.Fatalf("after restart: %+v %v", got, err)
+	}
+	if r := e.sh(t, sb.ID, "kill -0 $(cat /tmp/sleeper) && echo alive"); string(r.Stdout) != "alive\n" {
+		t.Fatalf("process lost across restart: %q %q", r.Stdout, r.Stderr)
+	}
+}
