@@ -425,14 +425,22 @@ func TestFiles(t *testing.T) {
 		t.Fatalf("uploaded tree: %q", r.Stdout)
 	}
 	for _, evil := range []func(*tar.Writer){
-		func(tw *tar.Writer) { tw.WriteHeader(&tar.Header{Name: "../escape", Mode: 0o644, Size: 1}); tw.Write([]byte("x")) },
-		func(tw *tar.Writer) { tw.WriteHeader(&tar.Header{Name: "/abs", Mode: 0o644, Size: 1}); tw.Write([]byte("x")) },
+		func(tw *tar.Writer) {
+			tw.WriteHeader(&tar.Header{Name: "../escape", Mode: 0o644, Size: 1})
+			tw.Write([]byte("x"))
+		},
+		func(tw *tar.Writer) {
+			tw.WriteHeader(&tar.Header{Name: "/abs", Mode: 0o644, Size: 1})
+			tw.Write([]byte("x"))
+		},
 		func(tw *tar.Writer) {
 			tw.WriteHeader(&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: "/etc"})
 			tw.WriteHeader(&tar.Header{Name: "link/evil", Mode: 0o644, Size: 1})
 			tw.Write([]byte("x"))
 		},
-		func(tw *tar.Writer) { tw.WriteHeader(&tar.Header{Name: "hl", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"}) },
+		func(tw *tar.Writer) {
+			tw.WriteHeader(&tar.Header{Name: "hl", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"})
+		},
 	} {
 		var buf bytes.Buffer
 		tw := tar.NewWriter(&buf)
