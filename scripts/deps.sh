@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what den needs to build, run and test on a Debian or Ubuntu host:
+# Debian packages, and a Go toolchain new enough for go.mod (fetched through
+# the Go module proxy when the installed Go is older). Idempotent.
+set -euo pipefail
+
+need_go=$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$(dirname "$0")/../go.mod")
+pkgs=(ca-certificates git util-linux iproute2 bubblewrap python3 busybox-static)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ! command -v go >/dev/null && [ ! -x /usr/local/go/bin/go ]; then
+  missing+=(golang-go)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Prefer an installed Go; let the go command fetch the toolchain go.mod
+# asks for (golang.org/toolchain from the module proxy) when it is older.
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+  export PATH=/usr/local/go/bin:$PATH
+fi
+export GOTOOLCHAIN="go${need_go}+auto"
+go version >&2
