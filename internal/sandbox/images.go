@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"time"
 
 	"github.com/den-dev/den/api"
@@ -14,7 +13,7 @@ import (
 	"github.com/den-dev/den/internal/store"
 )
 
-var imageNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._/:@-]{0,254}$`)
+func validImageName(s string) bool { return wordOK(s, 255, "._/:@-", true) }
 
 func hostImageRecord() *api.Image {
 	return &api.Image{Name: HostImage, ID: "builtin:host", CreatedAt: time.Unix(0, 0).UTC()}
@@ -59,7 +58,7 @@ func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) {
 // the image when the archive has one image; otherwise the archive's own
 // names are used.
 func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, progress image.Progress) ([]*api.Image, error) {
-	if name != "" && (!imageNameRE.MatchString(name) || name == HostImage) {
+	if name != "" && (!validImageName(name) || name == HostImage) {
 		return nil, api.FieldError("name", "%q is not a usable image name (lower case letters, digits, ._/:@-; not \"host\")", name)
 	}
 	imgs, err := m.images.ImportReader(ctx, r, progress)
@@ -84,7 +83,7 @@ func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, pro
 				n = fmt.Sprintf("%s-%d", n, i)
 			}
 		}
-		if !imageNameRE.MatchString(n) || n == HostImage {
+		if !validImageName(n) || n == HostImage {
 			return nil, api.Errorf(api.KindInvalid, "import: the archive names an image %q, which is not usable here; pass a name", n)
 		}
 		c := ni.Image.Config

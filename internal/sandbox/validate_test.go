@@ -1,0 +1,71 @@
+package sandbox
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/den-dev/den/api"
+)
+
+func TestValidateCreate(t *testing.T) {
+	good := []api.CreateRequest{
+		{}, {Name: "a"}, {Name: "web-1.dev_x"}, {Labels: map[string]string{"team": "a", "k8s.io/name": "x"}},
+		{Env: []string{"A=1", "B="}}, {Workdir: "/src"}, {Limits: api.Limits{Memory: 8 << 20, Pids: 4, CPUs: 0.5}},
+	}
+	for _, r := range good {
+		if err := validateCreate(&r); err != nil {
+			t.Errorf("%+v: %v", r, err)
+		}
+	}
+	bad := map[string]api.CreateRequest{
+		"name":          {Name: "-x"},
+		"name ":         {Name: "a b"},
+		"name long":     {Name: strings.Repeat("a", 64)},
+		"name slash":    {Name: "a/b"},
+		"labels":        {Labels: map[string]string{"bad key": "x"}},
+		"labels end":    {Labels: map[string]string{"key-": "x"}},
+		"labels nul":    {Labels: map[string]string{"k": "a\x00"}},
+		"env":           {Env: []string{"=x"}},
+		"env noeq":      {Env: []string{"X"}},
+		"workdir":       {Workdir: "rel"},
+		"limits.memory": {Limits: api.Limits{Memory: 1 << 20}},
+		"limits.pids":   {Limits: api.Limits{Pids: 2}},
+		"limits.cpus":   {Limits: api.Limits{CPUs: 0.001}},
+	}
+	for name, r := range bad {
+		err := validateCreate(&r)
+		if err == nil {
+			t.Errorf("%s: accepted %+v", name, r)
+			continue
+		}
+		if f := strings.Fields(name)[0]; api.KindOf(err) != api.KindInvalid || err.(*api.Error).Field != f {
+			t.Errorf("%s: error %v names field %q", name, err, err.(*api.Error).Field)
+		}
+	}
+}
+
+func TestValidImageName(t *testing.T) {
+	for _, n := range []string{"ubuntu", "docker.io/library/ubuntu:24.04", "a@sha256:00"} {
+		if !validImageName(n) {
+			t.Errorf("%q refused", n)
+		}
+	}
+	for _, n := range []string{"", "Ubuntu", "-x", "a b", strings.Repeat("a", 256)} {
+		if validImageName(n) {
+			t.Errorf("%q accepted", n)
+		}
+	}
+}
+
+func FuzzValidName(f *testing.F) {
+	for _, s := range []string{"a", "web-1", "-x", "a/b", "..", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if validName(s) {
+			if strings.ContainsAny(s, "/ \x00") || s == "." || s == ".." || len(s) > 63 || s[0] == '-' || s[0] == '.' {
+				t.Fatalf("accepted %q", s)
+			}
+		}
+	})
+}
