@@ -141,3 +141,20 @@ func TestBoxBootsAndIsolates(t *testing.T) {
 	out, _, _ = run(t, b.Agent(), "/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'; unshare -U true 2>&1; mount -t tmpfs x /mnt 2>&1; echo done")
 	t.Logf("%s", out)
 }
+
+// BenchmarkStartStop measures booting a box to a ready agent and stopping it.
+func BenchmarkStartStop(b *testing.B) {
+	rt := newRuntime(b)
+	ctx := context.Background()
+	spec := testSpec(b, rt, "bench")
+	for i := 0; i < b.N; i++ {
+		box, err := rt.Start(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := box.Stop(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rt.Destroy(ctx, spec)
+}
