@@ -175,7 +175,22 @@ func writeDockerSave(t testing.TB, p string, imgs map[string]v1.Image) {
 		}
 		m[tg] = img
 	}
-	if err := tarball.MultiWriteToFile(p, m); err != nil {
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if len(m) == 1 {
+		for tg, img := range m {
+			err = tarball.Write(tg, img, f)
+		}
+	} else {
+		err = tarball.MultiWrite(m, f)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -239,6 +239,11 @@ func (s *Store) unpackVerified(ctx context.Context, l srcLayer, root string, pro
 	// On an unpack error, a corrupt blob is the better explanation: finish
 	// reading it (bounded by the manifest size) and report a mismatch.
 	explain := func(err error) error {
+		var r *refusal
+		var le *limitError
+		if errors.As(err, &r) || errors.As(err, &le) {
+			return err // a well-formed but refused layer: no need to read on
+		}
 		if l.digest.Hex != "" && l.size >= 0 && ctx.Err() == nil && !comp.exceeded {
 			if _, cerr := io.Copy(io.Discard, comp); cerr == nil || cerr == errLimit {
 				if verr := verifyCompressed(); verr != nil {

@@ -47,8 +47,10 @@ const (
 // half-made in dir/layers, and importing a layer that is already present is
 // skipped.
 //
-// The limit fields may be changed after NewStore and before use; a value <= 0
-// means the default.
+// A Store is safe for concurrent use (concurrent imports of the same layer
+// unpack it twice and keep one); use one Store per directory, as NewStore
+// clears dir/tmp. The limit fields may be changed after NewStore and before
+// use; a value <= 0 means the default.
 type Store struct {
 	// MaxLayerBytes bounds both the uncompressed tar stream of one layer and
 	// the total bytes of file contents it unpacks.

@@ -49,6 +49,16 @@ type unpackStats struct {
 	Size           int64 // bytes of regular file contents written
 }
 
+// refusal is an entry the unpacker refuses by policy (as opposed to an I/O
+// or format error, which may be caused by a corrupt blob).
+type refusal struct{ msg string }
+
+func (e *refusal) Error() string { return e.msg }
+
+func refuse(msg string) error { return &refusal{msg} }
+
+func refusef(format string, args ...any) error { return &refusal{fmt.Sprintf(format, args...)} }
+
 // limitError is an exceeded limit; it is reported as is, not as an error of
 // the entry that crossed the limit.
 type limitError struct{ msg string }
@@ -113,21 +123,21 @@ func unpackTar(ctx context.Context, r io.Reader, dest string, opt unpackOptions)
 func cleanEntryName(name string) (string, error) {
 	switch {
 	case name == "":
-		return "", errors.New("empty name")
+		return "", refuse("empty name")
 	case len(name) > maxNameLen:
-		return "", fmt.Errorf("name longer than %d bytes", maxNameLen)
+		return "", refusef("name longer than %d bytes", maxNameLen)
 	case strings.IndexByte(name, 0) >= 0:
-		return "", errors.New("name contains a NUL byte")
+		return "", refuse("name contains a NUL byte")
 	case strings.HasPrefix(name, "/"):
-		return "", errors.New("absolute path")
+		return "", refuse("absolute path")
 	}
 	parts := strings.Split(name, "/")
 	if len(parts) > maxNameDepth {
-		return "", fmt.Errorf("more than %d path components", maxNameDepth)
+		return "", refusef("more than %d path components", maxNameDepth)
 	}
 	for _, p := range parts {
 		if p == ".." {
-			return "", errors.New(`path contains a ".." component`)
+			return "", refuse(`path contains a ".." component`)
 		}
 	}
 	c := path.Clean(name)
@@ -172,18 +182,18 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return nil
 	case tar.TypeDir, tar.TypeReg, tar.TypeGNUSparse, tar.TypeSymlink, tar.TypeLink:
 	default:
-		return fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
+		return refusef("unsupported tar entry type %q", hdr.Typeflag)
 	}
 	rel, err := cleanEntryName(hdr.Name)
 	if err != nil {
 		return err
 	}
 	if hdr.Uid < 0 || uint64(hdr.Uid) >= 1<<32-1 || hdr.Gid < 0 || uint64(hdr.Gid) >= 1<<32-1 {
-		return fmt.Errorf("invalid owner %d:%d", hdr.Uid, hdr.Gid)
+		return refusef("invalid owner %d:%d", hdr.Uid, hdr.Gid)
 	}
 	if rel == "" {
 		if hdr.Typeflag != tar.TypeDir {
-			return errors.New("the layer root can only be a directory")
+			return refuse("the layer root can only be a directory")
 		}
 		return u.rootDir(hdr)
 	}
@@ -290,14 +300,14 @@ func componentError(dirFD int, name, rel string, err error) error {
 	if unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFLNK:
-			return fmt.Errorf("path component %q is a symlink (not followed)", rel)
+			return refusef("path component %q is a symlink (not followed)", rel)
 		case unix.S_IFDIR:
 		default:
-			return fmt.Errorf("path component %q is not a directory", rel)
+			return refusef("path component %q is not a directory", rel)
 		}
 	}
 	if errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("%q does not exist in this layer", rel)
+		return refusef("%q does not exist in this layer", rel)
 	}
 	return fmt.Errorf("opening %q: %w", rel, err)
 }
@@ -311,14 +321,14 @@ func (u *unpacker) linkTarget(rel, linkname string) (int, string, error) {
 		return -1, "", fmt.Errorf("hard link target %q: %w", linkname, err)
 	}
 	if target == "" {
-		return -1, "", fmt.Errorf("hard link target %q is the layer root", linkname)
+		return -1, "", refusef("hard link target %q is the layer root", linkname)
 	}
 	if target == rel {
-		return -1, "", fmt.Errorf("hard link to itself")
+		return -1, "", refusef("hard link to itself")
 	}
 	tdir, tbase := splitRel(target)
 	if strings.HasPrefix(tbase, whiteoutPrefix) {
-		return -1, "", fmt.Errorf("hard link target %q is a whiteout", linkname)
+		return -1, "", refusef("hard link target %q is a whiteout", linkname)
 	}
 	tfd, err := u.openDir(tdir, false)
 	if err != nil {
@@ -328,13 +338,13 @@ func (u *unpacker) linkTarget(rel, linkname string) (int, string, error) {
 	if err := unix.Fstatat(tfd, tbase, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		unix.Close(tfd)
 		if errors.Is(err, unix.ENOENT) {
-			return -1, "", fmt.Errorf("hard link target %q does not exist in this layer", linkname)
+			return -1, "", refusef("hard link target %q does not exist in this layer", linkname)
 		}
 		return -1, "", fmt.Errorf("hard link target %q: %w", linkname, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(tfd)
-		return -1, "", fmt.Errorf("hard link target %q is not a regular file", linkname)
+		return -1, "", refusef("hard link target %q is not a regular file", linkname)
 	}
 	return tfd, tbase, nil
 }
@@ -452,7 +462,7 @@ func (u *unpacker) file(pfd int, base string, hdr *tar.Header, r io.Reader) erro
 
 func (u *unpacker) symlink(pfd int, base string, hdr *tar.Header) error {
 	if hdr.Linkname == "" {
-		return errors.New("symlink with an empty target")
+		return refuse("symlink with an empty target")
 	}
 	// The target is stored verbatim and never followed here; it is resolved
 	// inside the sandbox.
@@ -491,7 +501,7 @@ func (u *unpacker) whiteout(dirRel, base string) error {
 	}
 	name := strings.TrimPrefix(base, whiteoutPrefix)
 	if name == "" || name == "." || name == ".." {
-		return fmt.Errorf("invalid whiteout %q", base)
+		return refusef("invalid whiteout %q", base)
 	}
 	if err := removeAllAt(pfd, name); err != nil {
 		return fmt.Errorf("replacing existing %q: %w", path.Join(dirRel, name), err)
