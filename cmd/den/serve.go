@@ -53,6 +53,7 @@ func cmdServe(args []string) error {
 	defMem := fs.String("default-memory", "2g", "memory limit for sandboxes that set none (0 = unlimited)")
 	defPids := fs.Int("default-pids", 4096, "process limit for sandboxes that set none (0 = unlimited)")
 	defCPUs := fs.Float64("default-cpus", 0, "CPU limit for sandboxes that set none (0 = unlimited)")
+	warm := fs.Int("warm", 2, "fresh host-image sandboxes kept booted so creates are instant (0 = none)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -101,7 +102,7 @@ func cmdServe(args []string) error {
 	ctx := context.Background()
 	m, err := sandbox.New(ctx, sandbox.Config{
 		DataDir: *data, Runtime: rt, Store: db, Images: images, Log: log,
-		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs},
+		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs}, WarmPool: *warm,
 	})
 	if err != nil {
 		return err

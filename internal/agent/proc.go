@@ -61,6 +61,11 @@ func (l *launcher) fork(r *launchReq) (int, error) {
 	pid, err := syscall.ForkExec(r.path, r.argv, r.attr)
 	if err == nil {
 		r.reg(pid)
+		// Commands are the OOM killer's first choice, never the agent
+		// (PID 1 of the sandbox): raising a score needs no privilege.
+		// (Processes the command forks in the microseconds before this
+		// write keep the agent's score.)
+		os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(commandOOMScore), 0)
 	}
 	return pid, err
 }
@@ -71,6 +76,9 @@ func (l *launcher) start(path string, argv []string, attr *syscall.ProcAttr, reg
 	<-r.done
 	return r.pid, r.err
 }
+
+// commandOOMScore is the oom_score_adj of every command.
+const commandOOMScore = "500"
 
 // exitInfo is what wait4 reports for one process.
 type exitInfo struct {

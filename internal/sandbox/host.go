@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/den-dev/den/internal/isolate"
@@ -37,6 +38,8 @@ var hostSecrets = map[string]bool{
 // private layer (a filtered copy of /etc, the package databases, empty
 // home directories) under dir on first use.
 func hostLayers(dir string) ([]isolate.Overlay, error) {
+	hostBuild.Lock()
+	defer hostBuild.Unlock()
 	layer := filepath.Join(dir, hostLayerVersion)
 	if _, err := os.Stat(layer); errors.Is(err, fs.ErrNotExist) {
 		if err := buildHostLayer(layer); err != nil {
@@ -53,6 +56,8 @@ func hostLayers(dir string) ([]isolate.Overlay, error) {
 	}
 	return out, nil
 }
+
+var hostBuild sync.Mutex
 
 func buildHostLayer(layer string) error {
 	tmp := layer + ".tmp"

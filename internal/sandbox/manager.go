@@ -33,8 +33,14 @@ type Config struct {
 	Store    *store.DB
 	Images   *image.Store
 	Defaults api.Limits // applied where a create request leaves a limit zero
+	// WarmPool is how many fresh host-image sandboxes are kept booted and
+	// unclaimed, so a create only has to name one (0 = none).
+	WarmPool int
 	Log      *slog.Logger
 }
+
+// stateWarm marks a pooled, unclaimed sandbox; it is never shown to clients.
+const stateWarm = "warm"
 
 // First host id of the ranges given to sandboxes, and how many there are.
 const (
@@ -55,8 +61,17 @@ type Manager struct {
 	slots map[int]string         // id range slot → sandbox id
 	locks map[string]*sync.Mutex // one lifecycle operation at a time per sandbox
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	pool     chan *pooled // booted, unclaimed sandboxes of the host image
+	poolWake chan struct{}
+
+	stop      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+type pooled struct {
+	rec *record
+	box isolate.Box
 }
 
 // record is a sandbox as stored: the API record plus what only the daemon needs.
@@ -73,7 +88,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
 		boxes: map[string]isolate.Box{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
-		stop: make(chan struct{}),
+		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
+	}
+	if cfg.WarmPool > 0 {
+		m.pool = make(chan *pooled, cfg.WarmPool)
 	}
 	for _, d := range []string{m.sandboxesDir(), m.hostImageDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -85,17 +103,36 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.wg.Add(1)
 	go m.expireLoop()
+	if m.pool != nil {
+		m.wg.Add(1)
+		go m.fillPool()
+	}
 	return m, nil
 }
 
 func (m *Manager) sandboxesDir() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
 func (m *Manager) hostImageDir() string { return filepath.Join(m.cfg.DataDir, "images", "host") }
 
-// Close stops background work. Running sandboxes keep running; the next
-// daemon reattaches to them.
+// Close stops background work and removes the unclaimed pool. Running
+// sandboxes keep running; the next daemon reattaches to them.
 func (m *Manager) Close() {
+	m.closeOnce.Do(m.close)
+}
+
+func (m *Manager) close() {
 	close(m.stop)
 	m.wg.Wait()
+	if m.pool != nil {
+		for {
+			select {
+			case p := <-m.pool:
+				m.teardown(p.rec, p.box)
+			default:
+				m.wg.Wait()
+				return
+			}
+		}
+	}
 }
 
 // RuntimeName is the name of the isolation tier.
@@ -119,13 +156,20 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	known := map[string]bool{}
 	for _, s := range all {
 		rec, err := decodeRecord(s)
 		if err != nil {
 			m.log.Warn("skip unreadable sandbox record", "id", s.ID, "err", err)
 			continue
 		}
+		known[rec.ID] = true
 		m.slots[(rec.UIDBase-uidStart)/65536] = rec.ID
+		if rec.State == stateWarm { // a pool left by a daemon that died
+			m.db.DeleteSandbox(ctx, rec.ID)
+			m.teardown(rec, nil)
+			continue
+		}
 		if rec.State != api.StateRunning && rec.State != api.StateCreating {
 			continue
 		}
@@ -144,6 +188,14 @@ func (m *Manager) recover(ctx context.Context) error {
 			return err
 		}
 	}
+	// Storage whose record is gone: a removal the previous daemon did not finish.
+	ents, _ := os.ReadDir(m.sandboxesDir())
+	for _, e := range ents {
+		if !known[e.Name()] {
+			m.rt.Destroy(ctx, &isolate.Spec{ID: e.Name(), Dir: filepath.Join(m.sandboxesDir(), e.Name())})
+		}
+	}
+	m.wg.Wait()
 	return nil
 }
 
@@ -189,7 +241,11 @@ func (m *Manager) get(ctx context.Context, id string) (*record, error) {
 	case err != nil:
 		return nil, err
 	}
-	return decodeRecord(s)
+	rec, err := decodeRecord(s)
+	if err == nil && rec.State == stateWarm {
+		return nil, api.Errorf(api.KindNotFound, "no sandbox %q", id)
+	}
+	return rec, err
 }
 
 func (m *Manager) event(sandbox, typ string, data any) {
@@ -326,37 +382,18 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
+	if img.Name == HostImage {
+		if sb, err, ok := m.claim(ctx, &req); ok {
+			return sb, err
+		}
+	}
 	id := newID()
 	slot, err := m.allocSlot(id)
 	if err != nil {
 		return nil, err
 	}
-	limits := req.Limits
-	if limits.CPUs == 0 {
-		limits.CPUs = m.cfg.Defaults.CPUs
-	}
-	if limits.Memory == 0 {
-		limits.Memory = m.cfg.Defaults.Memory
-	}
-	if limits.Pids == 0 {
-		limits.Pids = m.cfg.Defaults.Pids
-	}
-	now := time.Now().UTC()
-	rec := &record{
-		Sandbox: api.Sandbox{
-			ID: id, Name: req.Name, Image: img.Name, Runtime: m.rt.Name(), State: api.StateCreating,
-			Labels: req.Labels, Env: req.Env, Workdir: req.Workdir, User: req.User,
-			Limits: limits, TTL: req.TTL, CreatedAt: now,
-		},
-		UIDBase: uidStart + slot*65536,
-	}
-	rec.Hostname = rec.Name
-	if rec.Hostname == "" {
-		rec.Hostname = id[:12]
-	}
-	if req.TTL > 0 {
-		rec.ExpiresAt = now.Add(req.TTL.D())
-	}
+	rec := &record{Sandbox: api.Sandbox{ID: id, Image: img.Name, Runtime: m.rt.Name(), State: api.StateCreating}, UIDBase: uidStart + slot*65536}
+	m.applyRequest(rec, &req)
 	unlock := m.lock(id)
 	defer unlock()
 	if err := m.put(ctx, rec); err != nil {
@@ -474,7 +511,7 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]*api.Sa
 	}
 	out := make([]*api.Sandbox, 0, len(all))
 	for _, s := range all {
-		if rec, err := decodeRecord(s); err == nil {
+		if rec, err := decodeRecord(s); err == nil && rec.State != stateWarm {
 			out = append(out, &rec.Sandbox)
 		}
 	}
@@ -551,23 +588,17 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	if rec.State == api.StateRunning && !force {
 		return api.Errorf(api.KindConflict, "sandbox %s is running: stop it first or remove with force (den rm -f)", rec.ID[:12])
 	}
-	if err := m.stopLocked(ctx, rec); err != nil {
-		return err
-	}
-	spec, err := m.spec(ctx, rec)
-	if err != nil {
-		spec = &isolate.Spec{ID: rec.ID, Dir: filepath.Join(m.sandboxesDir(), rec.ID)}
-	}
-	if err := m.rt.Destroy(ctx, spec); err != nil {
-		return err
-	}
+	m.mu.Lock()
+	b := m.boxes[rec.ID]
+	delete(m.boxes, rec.ID)
+	delete(m.locks, rec.ID)
+	m.mu.Unlock()
 	if err := m.db.DeleteSandbox(ctx, rec.ID); err != nil {
 		return err
 	}
-	m.freeSlot(rec.UIDBase)
-	m.mu.Lock()
-	delete(m.locks, rec.ID)
-	m.mu.Unlock()
+	// The record is gone, so the id and name are free now; the processes
+	// and files go in the background (a restarted daemon finishes the job).
+	m.teardownAsync(rec, b)
 	m.event(rec.ID, "sandbox.remove", nil)
 	return nil
 }
@@ -615,4 +646,175 @@ func (m *Manager) box(id string) isolate.Box {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.boxes[id]
+}
+
+func (m *Manager) limits(l api.Limits) api.Limits {
+	if l.CPUs == 0 {
+		l.CPUs = m.cfg.Defaults.CPUs
+	}
+	if l.Memory == 0 {
+		l.Memory = m.cfg.Defaults.Memory
+	}
+	if l.Pids == 0 {
+		l.Pids = m.cfg.Defaults.Pids
+	}
+	return l
+}
+
+// applyRequest fills rec from a create request.
+func (m *Manager) applyRequest(rec *record, req *api.CreateRequest) {
+	now := time.Now().UTC()
+	rec.Name, rec.Labels, rec.Env, rec.Workdir, rec.User = req.Name, req.Labels, req.Env, req.Workdir, req.User
+	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
+	rec.Hostname = rec.Name
+	if rec.Hostname == "" {
+		rec.Hostname = rec.ID[:12]
+	}
+	rec.ExpiresAt = time.Time{}
+	if req.TTL > 0 {
+		rec.ExpiresAt = now.Add(req.TTL.D())
+	}
+}
+
+// claim turns a pooled sandbox into the requested one. ok is false when
+// the pool is empty (or off) and the caller must boot a fresh one.
+func (m *Manager) claim(ctx context.Context, req *api.CreateRequest) (*api.Sandbox, error, bool) {
+	if m.pool == nil {
+		return nil, nil, false
+	}
+	if req.Name != "" {
+		if _, err := m.db.GetSandbox(ctx, req.Name); err == nil {
+			return nil, api.Errorf(api.KindExists, "a sandbox named %q already exists", req.Name), true
+		}
+	}
+	var p *pooled
+	select {
+	case p = <-m.pool:
+	default:
+		return nil, nil, false
+	}
+	select {
+	case m.poolWake <- struct{}{}:
+	default:
+	}
+	rec, b := p.rec, p.box
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	select {
+	case <-b.Done(): // died while pooled
+		m.teardownAsync(rec, nil)
+		return nil, nil, false
+	default:
+	}
+	pooledHost, pooledLimits := rec.Hostname, rec.Limits
+	m.applyRequest(rec, req)
+	rec.State, rec.StartedAt = api.StateRunning, rec.CreatedAt
+	err := func() error {
+		if rec.Limits != pooledLimits {
+			if err := b.SetLimits(isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids}); err != nil {
+				return err
+			}
+		}
+		if rec.Hostname != pooledHost {
+			if err := b.Agent().JSON(ctx, "POST", "/hostname", nil, map[string]string{"hostname": rec.Hostname}, nil); err != nil {
+				return err
+			}
+		}
+		return m.put(ctx, rec)
+	}()
+	if err != nil {
+		m.db.DeleteSandbox(context.Background(), rec.ID)
+		m.teardownAsync(rec, b)
+		return nil, err, true
+	}
+	m.mu.Lock()
+	m.boxes[rec.ID] = b
+	m.mu.Unlock()
+	m.watch(rec.ID, b)
+	m.event(rec.ID, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image, "warm": true})
+	return &rec.Sandbox, nil, true
+}
+
+// fillPool keeps the pool full, booting one sandbox at a time.
+func (m *Manager) fillPool() {
+	defer m.wg.Done()
+	for {
+		if len(m.pool) < cap(m.pool) {
+			p, err := m.bootPooled()
+			if err != nil {
+				m.log.Warn("warm pool", "err", err)
+			} else {
+				select {
+				case m.pool <- p:
+				case <-m.stop:
+					m.teardown(p.rec, p.box)
+					return
+				}
+				continue
+			}
+		}
+		select {
+		case <-m.stop:
+			return
+		case <-m.poolWake:
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+func (m *Manager) bootPooled() (*pooled, error) {
+	ctx := context.Background()
+	id := newID()
+	slot, err := m.allocSlot(id)
+	if err != nil {
+		return nil, err
+	}
+	rec := &record{Sandbox: api.Sandbox{ID: id, Image: HostImage, Runtime: m.rt.Name(), State: stateWarm}, UIDBase: uidStart + slot*65536}
+	m.applyRequest(rec, &api.CreateRequest{})
+	rec.State = stateWarm
+	if err := m.put(ctx, rec); err != nil {
+		m.freeSlot(rec.UIDBase)
+		return nil, err
+	}
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		m.db.DeleteSandbox(ctx, id)
+		m.freeSlot(rec.UIDBase)
+		return nil, err
+	}
+	b, err := m.rt.Start(ctx, spec)
+	if err != nil {
+		m.db.DeleteSandbox(ctx, id)
+		m.teardown(rec, nil)
+		return nil, err
+	}
+	rec.Pid = b.Pid()
+	m.put(ctx, rec)
+	return &pooled{rec: rec, box: b}, nil
+}
+
+// teardown stops a box (if any), removes its storage and frees its id range.
+func (m *Manager) teardown(rec *record, b isolate.Box) {
+	ctx := context.Background()
+	if b != nil {
+		b.Stop(ctx)
+	}
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		spec = &isolate.Spec{ID: rec.ID, Dir: filepath.Join(m.sandboxesDir(), rec.ID)}
+	}
+	if err := m.rt.Destroy(ctx, spec); err != nil {
+		m.log.Warn("remove sandbox storage", "id", rec.ID, "err", err)
+	}
+	m.db.DeleteSandbox(ctx, rec.ID)
+	m.freeSlot(rec.UIDBase)
+}
+
+// teardownAsync runs teardown off the request path.
+func (m *Manager) teardownAsync(rec *record, b isolate.Box) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.teardown(rec, b)
+	}()
 }

@@ -47,6 +47,7 @@ type env struct {
 	http *http.Server
 	data string
 	rt   *linux.Runtime
+	pool int
 }
 
 var envSeq struct {
@@ -56,7 +57,9 @@ var envSeq struct {
 
 // newEnv starts a real daemon stack (SQLite, linux runtime, manager, HTTP
 // server on a unix socket) in this process. It skips without root.
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvPool(t, 0) }
+
+func newEnvPool(t *testing.T, pool int) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("end-to-end tests need root (CI runs them as root)")
@@ -78,7 +81,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{db: db, data: data, rt: rt}
+	e := &env{db: db, data: data, rt: rt, pool: pool}
 	e.start(t, imgs)
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -97,7 +100,7 @@ func (e *env) start(t *testing.T, imgs *image.Store) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	m, err := sandbox.New(context.Background(), sandbox.Config{
 		DataDir: e.data, Runtime: e.rt, Store: e.db, Images: imgs, Log: log,
-		Defaults: api.Limits{Memory: 512 << 20, Pids: 512},
+		Defaults: api.Limits{Memory: 512 << 20, Pids: 512}, WarmPool: e.pool,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -187,8 +190,14 @@ func TestLifecycle(t *testing.T) {
 	}
 	_, err = e.c.Get(ctx, sb.ID)
 	wantKind(t, err, api.KindNotFound)
-	if _, err := os.Stat(filepath.Join(e.data, "sandboxes", sb.ID)); !os.IsNotExist(err) {
-		t.Fatalf("sandbox files left after rm: %v", err)
+	gone := false
+	for i := 0; i < 100 && !gone; i++ { // removal finishes in the background
+		_, err := os.Stat(filepath.Join(e.data, "sandboxes", sb.ID))
+		gone = os.IsNotExist(err)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !gone {
+		t.Fatal("sandbox files left 5 s after rm")
 	}
 	evs, err := e.c.Events(ctx, client.EventFilter{Sandbox: sb.ID})
 	if err != nil {
@@ -669,4 +678,54 @@ func TestDaemonRestartReattaches(t *testing.T) {
 	if r := e.sh(t, sb.ID, "kill -0 $(cat /tmp/sleeper) && echo alive"); string(r.Stdout) != "alive\n" {
 		t.Fatalf("process lost across restart: %q %q", r.Stdout, r.Stderr)
 	}
+}
+
+func TestWarmPool(t *testing.T) {
+	e := newEnvPool(t, 2)
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	var sb *api.Sandbox
+	for time.Now().Before(deadline) { // wait until the pool has filled
+		sb = e.create(t, api.CreateRequest{Name: "pooled", Limits: api.Limits{Pids: 99}, Labels: map[string]string{"a": "b"}})
+		evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: sb.ID, Type: "sandbox.create"})
+		if len(evs) == 1 && strings.Contains(string(evs[0].Data), `"warm":true`) {
+			break
+		}
+		e.c.Remove(ctx, sb.ID, true)
+		sb = nil
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sb == nil {
+		t.Fatal("no create was served from the warm pool")
+	}
+	if r := e.sh(t, sb.ID, "hostname; echo $$"); !strings.HasPrefix(string(r.Stdout), "pooled\n") {
+		t.Fatalf("claimed sandbox kept the pool's hostname: %q", r.Stdout)
+	}
+	if n := pidsMax(t, e, sb.ID); n != "99" {
+		t.Fatalf("claimed sandbox pids limit %q, want 99", n)
+	}
+	list, _ := e.c.List(ctx, nil)
+	if len(list) != 1 {
+		t.Fatalf("pooled sandboxes are visible: %d listed", len(list))
+	}
+	e.c.Remove(ctx, sb.ID, true)
+	e.stop()
+	// Closing removes the unclaimed pool: no records, no files.
+	all, _ := e.db.ListSandboxes(ctx, nil)
+	ents, _ := os.ReadDir(filepath.Join(e.data, "sandboxes"))
+	if len(all) != 0 || len(ents) != 0 {
+		t.Fatalf("after close: %d records, %d sandbox dirs", len(all), len(ents))
+	}
+	imgs, _ := image.NewStore(filepath.Join(e.data, "images"))
+	e.start(t, imgs)
+}
+
+func pidsMax(t *testing.T, e *env, id string) string {
+	for _, p := range []string{"/sys/fs/cgroup/pids/den-e2e/" + id + "/pids.max", "/sys/fs/cgroup/den-e2e/" + id + "/pids.max"} {
+		if b, err := os.ReadFile(p); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	t.Fatal("no pids cgroup found")
+	return ""
 }

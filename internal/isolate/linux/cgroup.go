@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/den-dev/den/internal/isolate"
@@ -178,6 +179,21 @@ func (cg *cgroups) OOMKills(id string) uint64 {
 		}
 	}
 	return 0
+}
+
+// Kill sends SIGKILL to every process left in the box's groups.
+func (cg *cgroups) Kill(id string) {
+	for _, d := range cg.dirs(id) {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
 }
 
 // Remove deletes the box's groups, waiting briefly for exiting processes.

@@ -319,6 +319,10 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 	if err := r.cg.Add(spec.ID, cmd.Process.Pid); err != nil {
 		return nil, err
 	}
+	// The agent must survive the box's own out-of-memory kills. Lowering
+	// the score needs CAP_SYS_RESOURCE, which some hosts withhold even from
+	// root; the agent then relies on its commands' raised scores.
+	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("-1000"), 0)
 	if err := json.NewEncoder(cfgW).Encode(initConfig{Rootfs: rootfs, Hostname: spec.Hostname}); err != nil {
 		return nil, fmt.Errorf("send box config: %w", err)
 	}
@@ -428,6 +432,7 @@ func (b *box) Stop(ctx context.Context) error {
 
 // Destroy removes the box's storage.
 func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
+	r.cg.Kill(spec.ID) // anything a dead daemon left running
 	r.cg.Remove(spec.ID)
 	os.RemoveAll(r.boxRun(spec.ID))
 	if spec.Dir == "" {

@@ -137,6 +137,11 @@ func TestBoxBootsAndIsolates(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(spec.Dir, "upper/usr/den-test-file")); err != nil || string(b) != "hi\n" {
 		t.Fatalf("upper layer: %q %v", b, err)
 	}
+	// The agent is shielded from the OOM killer; its commands are not.
+	out, _, _ = run(t, b.Agent(), "/bin/sh", "-c", "sleep 0.1; read a < /proc/1/oom_score_adj; read c < /proc/self/oom_score_adj; echo $a; echo $c")
+	if out != "-1000\n500\n" && out != "0\n500\n" {
+		t.Fatalf("oom_score_adj of agent and command: %q", out)
+	}
 	// Host processes are invisible; mount and unshare are refused.
 	out, _, _ = run(t, b.Agent(), "/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'; unshare -U true 2>&1; mount -t tmpfs x /mnt 2>&1; echo done")
 	t.Logf("%s", out)
