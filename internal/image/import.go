@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -377,8 +378,8 @@ func (a *tarArchive) readSmall(name string) ([]byte, string, error) {
 }
 
 var (
-	blobNameRE   = regexp.MustCompile(`^blobs/sha256/([0-9a-f]{64})$`)
-	configNameRE = regexp.MustCompile(`^(?:blobs/sha256/|sha256:)?([0-9a-f]{64})(?:\.json)?$`)
+	blobNameRE   = lazyRE(`^blobs/sha256/([0-9a-f]{64})$`)
+	configNameRE = lazyRE(`^(?:blobs/sha256/|sha256:)?([0-9a-f]{64})(?:\.json)?$`)
 )
 
 func sha256Hash(b []byte) v1.Hash {
@@ -387,7 +388,7 @@ func sha256Hash(b []byte) v1.Hash {
 }
 
 func checkDiffID(h v1.Hash) error {
-	if h.Algorithm != "sha256" || !hexRE.MatchString(h.Hex) {
+	if h.Algorithm != "sha256" || !isHex64(h.Hex) {
 		return fmt.Errorf("unsupported diffID %q", h)
 	}
 	return nil
@@ -419,7 +420,7 @@ func (s *Store) readDockerSave(a *tarArchive) ([]srcImage, error) {
 			return nil, fmt.Errorf("image config: %w", err)
 		}
 		id := sha256Hash(raw)
-		if mm := configNameRE.FindStringSubmatch(final); mm != nil && mm[1] != id.Hex {
+		if mm := configNameRE().FindStringSubmatch(final); mm != nil && mm[1] != id.Hex {
 			return nil, fmt.Errorf("image config %s: content digest is %s", d.Config, id)
 		}
 		cfg, err := v1.ParseConfigFile(bytes.NewReader(raw))
@@ -440,7 +441,7 @@ func (s *Store) readDockerSave(a *tarArchive) ([]srcImage, error) {
 				return nil, fmt.Errorf("image %s: layer %s: %w", id, diffID, err)
 			}
 			l := srcLayer{diffID: diffID, size: e.size, open: a.openEntry(e)}
-			if mm := blobNameRE.FindStringSubmatch(final); mm != nil {
+			if mm := blobNameRE().FindStringSubmatch(final); mm != nil {
 				l.digest = v1.Hash{Algorithm: "sha256", Hex: mm[1]}
 			}
 			im.layers = append(im.layers, l)
@@ -465,7 +466,7 @@ func (s *Store) extractLayoutMeta(a *tarArchive) (string, error) {
 		return dir, err
 	}
 	for name := range a.entries {
-		if name != "oci-layout" && name != "index.json" && !blobNameRE.MatchString(name) {
+		if name != "oci-layout" && name != "index.json" && !blobNameRE().MatchString(name) {
 			continue
 		}
 		e, _, err := a.lookup(name)
@@ -662,4 +663,9 @@ func (s *Store) readLayoutImage(dir string, img v1.Image, d v1.Descriptor, a *ta
 		si.layers = append(si.layers, l)
 	}
 	return si, nil
+}
+
+// lazyRE compiles a regexp on first use, keeping it out of start-up.
+func lazyRE(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
 }
