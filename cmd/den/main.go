@@ -48,7 +48,7 @@ func init() {
 	verbs = []*verb{
 		verbRun, verbCreate, verbExec, verbLs, verbInspect, verbStop, verbStart, verbRm, verbCp,
 		verbImage, verbImageLs, verbImageImport, verbImageRm, verbImageInspect,
-		verbEvents, verbVersion, verbServe, verbHelp,
+		verbEvents, verbVersion, verbBench, verbServe, verbHelp,
 	}
 }
 
