@@ -1,0 +1,83 @@
+package linux
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/den-dev/den/internal/isolate"
+)
+
+// The kernel's cgroup files are plain files to these functions, so a
+// directory tree shaped like each hierarchy checks what gets written where.
+func readTrim(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func TestCgroupV2Files(t *testing.T) {
+	root := t.TempDir()
+	os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpu memory pids"), 0o644)
+	cg, err := detectCgroups(root, "den")
+	if err != nil || !cg.v2 {
+		t.Fatalf("detect: %v v2=%v", err, cg != nil && cg.v2)
+	}
+	if got := readTrim(t, filepath.Join(root, "den", "cgroup.subtree_control")); got != "+cpu +memory +pids" {
+		t.Fatalf("subtree_control %q", got)
+	}
+	if err := cg.Create("b1", isolate.Limits{CPUs: 1.5, Memory: 256 << 20, Pids: 100}); err != nil {
+		t.Fatal(err)
+	}
+	d := filepath.Join(root, "den", "b1")
+	for f, want := range map[string]string{"memory.max": "268435456", "cpu.max": "150000 100000", "pids.max": "100", "memory.swap.max": "0"} {
+		if got := readTrim(t, filepath.Join(d, f)); got != want {
+			t.Errorf("%s = %q, want %q", f, got, want)
+		}
+	}
+	cg.SetLimits("b1", isolate.Limits{})
+	for f, want := range map[string]string{"memory.max": "max", "cpu.max": "max 100000", "pids.max": "max"} {
+		if got := readTrim(t, filepath.Join(d, f)); got != want {
+			t.Errorf("unlimited %s = %q, want %q", f, got, want)
+		}
+	}
+	os.WriteFile(filepath.Join(d, "memory.events"), []byte("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n"), 0o644)
+	if n := cg.OOMKills("b1"); n != 2 {
+		t.Fatalf("OOMKills = %d", n)
+	}
+}
+
+func TestCgroupV1Files(t *testing.T) {
+	root := t.TempDir()
+	for _, c := range v1Controllers {
+		os.MkdirAll(filepath.Join(root, c), 0o755)
+	}
+	cg, err := detectCgroups(root, "den")
+	if err != nil || cg.v2 {
+		t.Fatalf("detect: %v", err)
+	}
+	if err := cg.Create("b1", isolate.Limits{CPUs: 0.5, Memory: 64 << 20, Pids: 10}); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]string{
+		"memory/den/b1/memory.limit_in_bytes": "67108864",
+		"cpu/den/b1/cpu.cfs_quota_us":         "50000",
+		"cpu/den/b1/cpu.cfs_period_us":        "100000",
+		"pids/den/b1/pids.max":                "10",
+	} {
+		if got := readTrim(t, filepath.Join(root, f)); got != want {
+			t.Errorf("%s = %q, want %q", f, got, want)
+		}
+	}
+	os.WriteFile(filepath.Join(root, "memory/den/b1/memory.oom_control"), []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n"), 0o644)
+	if n := cg.OOMKills("b1"); n != 4 {
+		t.Fatalf("OOMKills = %d", n)
+	}
+	if _, err := detectCgroups(t.TempDir(), "den"); err == nil {
+		t.Fatal("a root with neither v2 nor v1 controllers was accepted")
+	}
+}
