@@ -729,3 +729,33 @@ func pidsMax(t *testing.T, e *env, id string) string {
 	t.Fatal("no pids cgroup found")
 	return ""
 }
+
+// dpkg -i inside a host-image sandbox installs into that sandbox only.
+func TestDpkgInstallStaysInside(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/dpkg-deb"); err != nil {
+		t.Skip("needs a Debian host (dpkg-deb)")
+	}
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	r := e.sh(t, sb.ID, `set -e
+		mkdir -p /tmp/p/DEBIAN /tmp/p/usr/share/den-e2e
+		printf 'Package: den-e2e-test\nVersion: 1.0\nArchitecture: all\nMaintainer: den <den@example.org>\nDescription: test\n' > /tmp/p/DEBIAN/control
+		echo hi > /tmp/p/usr/share/den-e2e/hello
+		dpkg-deb --build /tmp/p /tmp/t.deb >/dev/null
+		dpkg -i /tmp/t.deb >/dev/null
+		dpkg -s den-e2e-test | grep '^Status'
+		cat /usr/share/den-e2e/hello`)
+	if string(r.Stdout) != "Status: install ok installed\nhi\n" {
+		t.Fatalf("dpkg -i in the sandbox: %q %q", r.Stdout, r.Stderr)
+	}
+	if _, err := os.Stat("/usr/share/den-e2e"); err == nil {
+		t.Fatal("the package's files reached the host")
+	}
+	if b, _ := os.ReadFile("/var/lib/dpkg/status"); strings.Contains(string(b), "den-e2e-test") {
+		t.Fatal("the host's dpkg database lists the sandbox's package")
+	}
+	other := e.create(t, api.CreateRequest{})
+	if r := e.sh(t, other.ID, "dpkg -s den-e2e-test >/dev/null 2>&1 && echo leak || echo clean"); string(r.Stdout) != "clean\n" {
+		t.Fatalf("another sandbox sees the package: %q", r.Stdout)
+	}
+}
