@@ -171,3 +171,27 @@ type VersionInfo struct {
 	Runtimes []string `json:"runtimes"`
 	Cgroup   string   `json:"cgroup,omitempty"`
 }
+
+// Process states.
+const (
+	ProcRunning = "running"
+	ProcExited  = "exited"
+)
+
+// ProcessInfo describes a process started in a sandbox.
+type ProcessInfo struct {
+	ID      string      `json:"id"`
+	Pid     int         `json:"pid"`
+	Cmd     []string    `json:"cmd"`
+	State   string      `json:"state"`
+	Started time.Time   `json:"started"`
+	Ended   time.Time   `json:"ended,omitzero"`
+	Exit    *ExitStatus `json:"exit,omitempty"`
+	// Output is the total bytes written to stdout and stderr so far.
+	Output int64 `json:"output"`
+}
+
+// SignalRequest is the body of POST .../processes/{proc}/kill.
+type SignalRequest struct {
+	Signal string `json:"signal,omitempty"`
+}

@@ -39,6 +39,7 @@ type Agent struct {
 	launch *launcher
 	mu     sync.Mutex
 	procs  map[string]*Process
+	order  []*Process // in start order, for listing and retention
 }
 
 // New starts the reaper and the confined launcher thread.
@@ -85,6 +86,13 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /archive", a.handleDownload)
 	mux.HandleFunc("PUT /archive", a.handleUpload)
 	mux.HandleFunc("POST /hostname", a.handleHostname)
+	mux.HandleFunc("POST /procs", a.handleStart)
+	mux.HandleFunc("GET /procs", a.handleProcs)
+	mux.HandleFunc("GET /procs/{id}", a.handleProc)
+	mux.HandleFunc("GET /procs/{id}/output", a.handleOutput)
+	mux.HandleFunc("POST /procs/{id}/signal", a.handleSignal)
+	mux.HandleFunc("POST /procs/{id}/stdin", a.handleStdin)
+	mux.HandleFunc("GET /procs/{id}/wait", a.handleWait)
 	return mux
 }
 
@@ -160,14 +168,7 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, ae)
 		return
 	}
-	a.mu.Lock()
-	a.procs[p.ID] = p
-	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		delete(a.procs, p.ID)
-		a.mu.Unlock()
-	}()
+	a.track(p)
 	b, _ := json.Marshal(api.Process{ID: p.ID, Pid: p.Pid})
 	if send(api.FrameStarted, b) != nil {
 		return

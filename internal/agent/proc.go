@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -140,10 +141,13 @@ type Process struct {
 	stderr  *ring
 	stdinW  *os.File
 
-	mu       sync.Mutex
-	done     chan struct{}
-	status   api.ExitStatus
-	timedOut bool
+	mu          sync.Mutex
+	stdinMu     sync.Mutex // serializes writers of stdinW
+	stdinClosed atomic.Bool
+	done        chan struct{}
+	status      api.ExitStatus
+	ended       time.Time
+	timedOut    bool
 }
 
 // Done is closed when the process has exited and its output is complete.
@@ -154,6 +158,23 @@ func (p *Process) Status() api.ExitStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.status
+}
+
+// Info describes the process.
+func (p *Process) Info() api.ProcessInfo {
+	_, outN := p.stdout.Len()
+	_, errN := p.stderr.Len()
+	info := api.ProcessInfo{ID: p.ID, Pid: p.Pid, Cmd: p.Argv, State: api.ProcRunning, Started: p.Started.UTC(), Output: outN + errN}
+	select {
+	case <-p.done:
+		st := p.Status()
+		info.State, info.Exit = api.ProcExited, &st
+		p.mu.Lock()
+		info.Ended = p.ended.UTC()
+		p.mu.Unlock()
+	default:
+	}
+	return info
 }
 
 // Signal sends sig to the process group.
@@ -243,8 +264,11 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 	p.Pid = pid
 	if inW != nil && spec.stdin != nil {
 		go func() {
+			p.stdinMu.Lock()
+			defer p.stdinMu.Unlock()
 			inW.Write(spec.stdin)
 			if !spec.stdinOpen {
+				p.stdinClosed.Store(true)
 				inW.Close()
 			}
 		}()
@@ -280,8 +304,10 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 		}
 		p.mu.Lock()
 		p.status = exitStatus(info, end.Sub(p.Started), p.timedOut)
+		p.ended = end
 		p.mu.Unlock()
-		if p.stdinW != nil {
+		if p.stdinW != nil { // unblocks a writer stuck on a full pipe
+			p.stdinClosed.Store(true)
 			p.stdinW.Close()
 		}
 		p.stdout.Close()

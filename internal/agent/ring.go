@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"sync"
+	"time"
 )
 
 // ring is a bounded output buffer addressed by absolute byte offsets. It
@@ -19,6 +21,13 @@ type ring struct {
 	end    int64 // offset after the newest byte
 	closed bool
 	block  map[*cursor]struct{}
+	marks  []mark // when output arrived, for "since" queries
+}
+
+// mark records that output at offset off arrived at time t.
+type mark struct {
+	off int64
+	t   time.Time
 }
 
 type cursor struct {
@@ -96,6 +105,13 @@ func (r *ring) Write(p []byte) (int, error) {
 			r.start += int64(over)
 			r.head = (r.head + over) % len(r.buf)
 		}
+		now := time.Now()
+		if len(r.marks) == 0 || now.Sub(r.marks[len(r.marks)-1].t) > 50*time.Millisecond {
+			r.marks = append(r.marks, mark{r.end, now})
+			for len(r.marks) > 1 && r.marks[1].off <= r.start {
+				r.marks = r.marks[1:]
+			}
+		}
 		i := (r.head + int(r.end-r.start)) % len(r.buf)
 		c := copy(r.buf[i:], p[:n])
 		copy(r.buf, p[c:n])
@@ -114,11 +130,12 @@ func (r *ring) Close() {
 	r.mu.Unlock()
 }
 
-// Attach returns a cursor at offset from (clamped to what is retained).
+// Attach returns a cursor at offset from. A cursor before what is retained
+// first reads how many bytes were dropped.
 func (r *ring) Attach(from int64, blocking bool) *cursor {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := &cursor{off: max(from, r.start)}
+	c := &cursor{off: from}
 	if blocking {
 		r.block[c] = struct{}{}
 	}
@@ -164,4 +181,44 @@ func (r *ring) Len() (retained, total int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.end - r.start, r.end
+}
+
+// OffsetSince is the offset of the first output that arrived at or after t
+// (to the 50 ms granularity of the marks).
+func (r *ring) OffsetSince(t time.Time) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.marks {
+		if !m.t.Before(t) {
+			return max(m.off, r.start)
+		}
+	}
+	return r.end
+}
+
+// OffsetTail is the offset where the last n lines of retained output begin.
+func (r *ring) OffsetTail(n int) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	data := make([]byte, r.end-r.start)
+	r.copyOut(data, r.start)
+	end := len(data)
+	if end > 0 && data[end-1] == '\n' {
+		end-- // a final newline ends the last line rather than starting one
+	}
+	for i := 0; i < n; i++ {
+		j := bytes.LastIndexByte(data[:end], '\n')
+		if j < 0 {
+			return r.start
+		}
+		end = j
+	}
+	return r.start + int64(end) + 1
+}
+
+// End is the offset after the newest byte.
+func (r *ring) End() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.end
 }

@@ -15,8 +15,8 @@ func TestRingKeepsNewestAndReportsDrops(t *testing.T) {
 	c := r.Attach(0, false)
 	buf := make([]byte, 100)
 	n, dropped, _, err := r.Read(c, buf)
-	if err != nil || dropped != 0 || string(buf[:n]) != "defghijk" {
-		t.Fatalf("read %q dropped %d err %v; want defghijk (attach clamps to retained start)", buf[:n], dropped, err)
+	if err != nil || dropped != 3 || string(buf[:n]) != "defghijk" {
+		t.Fatalf("read %q dropped %d err %v; want defghijk after 3 dropped", buf[:n], dropped, err)
 	}
 	if _, _, done, _ := r.Read(c, buf); !done {
 		t.Fatal("want done after the end of a closed ring")
@@ -82,5 +82,34 @@ func TestRingDetachUnblocksWriterAndReader(t *testing.T) {
 	}
 	if _, _, _, err := r.Read(c, make([]byte, 4)); err != errDetached {
 		t.Fatalf("read on detached cursor: %v", err)
+	}
+}
+
+func TestRingTailAndSince(t *testing.T) {
+	r := newRing(64)
+	r.Write([]byte("one\ntwo\n"))
+	time.Sleep(60 * time.Millisecond)
+	mid := time.Now()
+	r.Write([]byte("three\nfour\n"))
+	read := func(off int64) string {
+		c := &cursor{off: off}
+		buf := make([]byte, 100)
+		n, _, _, _ := r.Read(c, buf)
+		return string(buf[:n])
+	}
+	if got := read(r.OffsetTail(1)); got != "four\n" {
+		t.Fatalf("tail 1: %q", got)
+	}
+	if got := read(r.OffsetTail(3)); got != "two\nthree\nfour\n" {
+		t.Fatalf("tail 3: %q", got)
+	}
+	if got := read(r.OffsetTail(10)); got != "one\ntwo\nthree\nfour\n" {
+		t.Fatalf("tail 10: %q", got)
+	}
+	if got := read(r.OffsetSince(mid)); got != "three\nfour\n" {
+		t.Fatalf("since: %q", got)
+	}
+	if off := r.OffsetSince(time.Now().Add(time.Hour)); off != r.End() {
+		t.Fatalf("since the future: %d", off)
 	}
 }

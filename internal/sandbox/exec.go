@@ -57,32 +57,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 	if b == nil {
 		return nil, api.Errorf(api.KindConflict, "sandbox %s stopped", sb.ID[:12])
 	}
-	argv := req.Cmd
-	if req.Shell != "" {
-		argv = []string{"/bin/sh", "-c", req.Shell}
-	}
-	env, dir, user := sb.Env, sb.Workdir, sb.User
-	if sb.Image != HostImage {
-		if img, err := m.Image(ctx, sb.Image); err == nil {
-			env = append(append([]string{}, img.Config.Env...), env...)
-			if dir == "" {
-				dir = img.Config.Workdir
-			}
-			if user == "" {
-				user = img.Config.User
-			}
-		}
-	}
-	if req.Workdir != "" {
-		dir = req.Workdir
-	}
-	if req.User != "" {
-		user = req.User
-	}
-	spec := &agent.ExecSpec{
-		Argv: argv, Env: append(append([]string{}, env...), req.Env...), Dir: dir, User: user,
-		Stdin: req.Stdin, Timeout: req.Timeout.D(),
-	}
+	spec, argv, user := m.execSpec(ctx, sb, &req)
 	oomBefore := b.OOMKills()
 	rc, err := ag.Exec(ctx, spec)
 	if err != nil {
@@ -127,4 +102,53 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 			}
 		}
 	}
+}
+
+// execSpec merges the image's and the sandbox's defaults into a request.
+func (m *Manager) execSpec(ctx context.Context, sb *api.Sandbox, req *api.ExecRequest) (spec *agent.ExecSpec, argv []string, user string) {
+	argv = req.Cmd
+	if req.Shell != "" {
+		argv = []string{"/bin/sh", "-c", req.Shell}
+	}
+	env, dir, user := sb.Env, sb.Workdir, sb.User
+	if sb.Image != HostImage {
+		if img, err := m.Image(ctx, sb.Image); err == nil {
+			env = append(append([]string{}, img.Config.Env...), env...)
+			if dir == "" {
+				dir = img.Config.Workdir
+			}
+			if user == "" {
+				user = img.Config.User
+			}
+		}
+	}
+	if req.Workdir != "" {
+		dir = req.Workdir
+	}
+	if req.User != "" {
+		user = req.User
+	}
+	spec = &agent.ExecSpec{
+		Argv: argv, Env: append(append([]string{}, env...), req.Env...), Dir: dir, User: user,
+		Stdin: req.Stdin, Timeout: req.Timeout.D(),
+	}
+	return spec, argv, user
+}
+
+// StartProcess starts a background process that outlives the request.
+func (m *Manager) StartProcess(ctx context.Context, id string, req api.ExecRequest) (*api.ProcessInfo, error) {
+	if err := validateExec(&req); err != nil {
+		return nil, err
+	}
+	ag, sb, err := m.Agent(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	spec, argv, user := m.execSpec(ctx, sb, &req)
+	var info api.ProcessInfo
+	if err := ag.JSON(ctx, "POST", "/procs", nil, spec, &info); err != nil {
+		return nil, err
+	}
+	m.event(sb.ID, "process.start", map[string]any{"process": info.ID, "cmd": argv, "user": user})
+	return &info, nil
 }

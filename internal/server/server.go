@@ -86,6 +86,13 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/files/rename", s.proxyJSON("/files/rename", func() any { return new(api.RenameRequest) }))
 	h("GET /v1/sandboxes/{id}/archive", s.proxy("GET", "/archive", true))
 	h("PUT /v1/sandboxes/{id}/archive", s.proxy("PUT", "/archive", true))
+	h("POST /v1/sandboxes/{id}/processes", s.startProcess)
+	h("GET /v1/sandboxes/{id}/processes", s.procProxy("GET", ""))
+	h("GET /v1/sandboxes/{id}/processes/{proc}", s.procProxy("GET", ""))
+	h("GET /v1/sandboxes/{id}/processes/{proc}/logs", s.procProxy("GET", "/output"))
+	h("POST /v1/sandboxes/{id}/processes/{proc}/kill", s.procProxy("POST", "/signal"))
+	h("POST /v1/sandboxes/{id}/processes/{proc}/stdin", s.procProxy("POST", "/stdin"))
+	h("GET /v1/sandboxes/{id}/processes/{proc}/wait", s.procProxy("GET", "/wait"))
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)
 	h("DELETE /v1/images/{name...}", s.removeImage)
@@ -399,7 +406,114 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, method, path st
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	io.Copy(w, resp.Body)
+	fl, _ := w.(http.Flusher)
+	if fl == nil || resp.Header.Get("Content-Type") != api.StreamContentType {
+		io.Copy(w, resp.Body)
+		return
+	}
+	buf := make([]byte, 32<<10) // a stream: pass each chunk on as it comes
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			fl.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
+	var req api.ExecRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	info, err := s.m.StartProcess(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 201, info)
+}
+
+// validProcID reports whether p looks like an agent process id ("p12").
+func validProcID(p string) bool {
+	if len(p) < 2 || len(p) > 20 || p[0] != 'p' {
+		return false
+	}
+	for _, c := range p[1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// procProxy forwards a process request to the agent's /procs/{proc}{suffix}.
+func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		path := "/procs"
+		if p := r.PathValue("proc"); p != "" {
+			if !validProcID(p) {
+				writeError(w, api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", p))
+				return
+			}
+			path += "/" + p + suffix
+		}
+		q := url.Values{}
+		in := r.URL.Query()
+		var body io.Reader
+		switch suffix {
+		case "/output":
+			for _, k := range []string{"follow", "tail"} {
+				if v := in.Get(k); v != "" {
+					q.Set(k, v)
+				}
+			}
+			if v := in.Get("follow"); v != "" {
+				if _, err := boolParam(r, "follow"); err != nil {
+					writeError(w, err)
+					return
+				}
+			}
+			if v := in.Get("since"); v != "" {
+				t, err := time.Parse(time.RFC3339Nano, v)
+				if err != nil {
+					d, derr := api.ParseDuration(v)
+					if derr != nil {
+						writeError(w, api.FieldError("since", "%q is neither an RFC 3339 time nor a duration like 10m", v))
+						return
+					}
+					t = time.Now().Add(-d.D())
+				}
+				q.Set("since", t.UTC().Format(time.RFC3339Nano))
+			}
+		case "/signal":
+			var req api.SignalRequest
+			if r.ContentLength != 0 {
+				if err := decode(r, &req); err != nil {
+					writeError(w, err)
+					return
+				}
+			}
+			b, _ := json.Marshal(req)
+			body = bytes.NewReader(b)
+		case "/stdin":
+			if _, err := boolParam(r, "close"); err != nil {
+				writeError(w, err)
+				return
+			}
+			if in.Get("close") == "true" {
+				q.Set("close", "true")
+			}
+			body = r.Body
+		}
+		s.forward(w, r, method, path, q, body)
+	}
 }
 
 func (s *Server) images(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,314 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"golang.org/x/sys/unix"
+)
+
+// MaxFinished bounds how many finished processes (with their output) the
+// agent keeps for ps, logs and wait; the oldest finished go first.
+const MaxFinished = 256
+
+// track adds p to the process table, forgetting the oldest finished
+// processes beyond MaxFinished.
+func (a *Agent) track(p *Process) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.procs[p.ID] = p
+	a.order = append(a.order, p)
+	finished := 0
+	for _, q := range a.order {
+		if isDone(q) {
+			finished++
+		}
+	}
+	if finished <= MaxFinished {
+		return
+	}
+	kept := a.order[:0]
+	for _, q := range a.order {
+		if finished > MaxFinished && isDone(q) {
+			delete(a.procs, q.ID)
+			finished--
+			continue
+		}
+		kept = append(kept, q)
+	}
+	a.order = kept
+}
+
+func isDone(p *Process) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (a *Agent) proc(w http.ResponseWriter, r *http.Request) *Process {
+	a.mu.Lock()
+	p := a.procs[r.PathValue("id")]
+	a.mu.Unlock()
+	if p == nil {
+		WriteError(w, api.Errorf(api.KindNotFound, "no process %q in this sandbox (finished processes are kept until %d newer ones finish)", r.PathValue("id"), MaxFinished))
+	}
+	return p
+}
+
+// handleStart starts a background process: its stdin stays open until
+// closed through /stdin, and its output is kept in its rings for /output.
+func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
+	var spec ExecSpec
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		WriteError(w, api.Errorf(api.KindInvalid, "bad process request: %v", err))
+		return
+	}
+	spec.StdinOpen = true
+	res, err := a.resolve(&spec)
+	if err != nil {
+		var se *startError
+		if errors.As(err, &se) {
+			err = api.FieldError("cmd", "%s", se.msg)
+		}
+		WriteError(w, err)
+		return
+	}
+	p, err := a.spawn(res)
+	if err != nil {
+		WriteError(w, api.Errorf(api.KindInvalid, "start %q: %v", spec.Argv[0], err))
+		return
+	}
+	a.track(p)
+	writeJSON(w, 201, p.Info())
+}
+
+func (a *Agent) handleProcs(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	out := make([]api.ProcessInfo, 0, len(a.order))
+	for _, p := range a.order {
+		out = append(out, p.Info())
+	}
+	a.mu.Unlock()
+	writeJSON(w, 200, out)
+}
+
+func (a *Agent) handleProc(w http.ResponseWriter, r *http.Request) {
+	if p := a.proc(w, r); p != nil {
+		writeJSON(w, 200, p.Info())
+	}
+}
+
+// handleOutput replays a process's retained output and, with follow=true,
+// streams what comes next until the process ends. Readers never hold the
+// process back: one that falls behind the bounded ring sees a dropped frame.
+func (a *Agent) handleOutput(w http.ResponseWriter, r *http.Request) {
+	p := a.proc(w, r)
+	if p == nil {
+		return
+	}
+	q := r.URL.Query()
+	follow := q.Get("follow") == "true"
+	tail := -1
+	if v := q.Get("tail"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			WriteError(w, api.FieldError("tail", "%q is not a non-negative number of lines", v))
+			return
+		}
+		tail = n
+	}
+	var since time.Time
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			WriteError(w, api.FieldError("since", "%q is not an RFC 3339 time", v))
+			return
+		}
+		since = t
+	}
+	type stream struct {
+		rg  *ring
+		typ byte
+		c   *cursor
+		end int64
+	}
+	streams := []*stream{{rg: p.stdout, typ: api.FrameStdout}, {rg: p.stderr, typ: api.FrameStderr}}
+	for _, s := range streams {
+		from := int64(0)
+		switch {
+		case tail >= 0:
+			from = s.rg.OffsetTail(tail)
+		case !since.IsZero():
+			from = s.rg.OffsetSince(since)
+		}
+		s.c = s.rg.Attach(from, false)
+		s.end = s.rg.End()
+		defer s.rg.Detach(s.c)
+	}
+	w.Header().Set("Content-Type", api.StreamContentType)
+	fl, _ := w.(http.Flusher)
+	var wmu sync.Mutex
+	failed := false
+	send := func(typ byte, b []byte) bool {
+		wmu.Lock()
+		defer wmu.Unlock()
+		if failed || api.WriteFrame(w, typ, b) != nil {
+			failed = true
+			return false
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return true
+	}
+	go func() {
+		<-r.Context().Done()
+		for _, s := range streams {
+			s.rg.Detach(s.c)
+		}
+	}()
+	var wg sync.WaitGroup
+	for _, s := range streams {
+		wg.Add(1)
+		go func(s *stream) {
+			defer wg.Done()
+			buf := make([]byte, 32<<10)
+			for follow || s.c.off < s.end {
+				lim := buf
+				if !follow {
+					lim = buf[:min(int64(len(buf)), s.end-s.c.off)]
+				}
+				n, dropped, done, err := s.rg.Read(s.c, lim)
+				if err != nil {
+					return
+				}
+				if dropped > 0 {
+					d, _ := json.Marshal(api.DroppedOutput{Bytes: dropped})
+					if !send(api.FrameDropped, d) {
+						return
+					}
+				}
+				if n > 0 && !send(s.typ, buf[:n]) {
+					return
+				}
+				if done {
+					return
+				}
+			}
+		}(s)
+	}
+	wg.Wait()
+	if failed || r.Context().Err() != nil {
+		return
+	}
+	if isDone(p) {
+		b, _ := json.Marshal(p.Status())
+		send(api.FrameExit, b)
+	}
+}
+
+// ParseSignal accepts "TERM", "SIGTERM", "sigterm" or "15".
+func ParseSignal(s string) (syscall.Signal, error) {
+	if s == "" {
+		return syscall.SIGKILL, nil
+	}
+	if n, err := strconv.Atoi(s); err == nil {
+		if n <= 0 || n > 64 {
+			return 0, api.FieldError("signal", "%d is not a signal number", n)
+		}
+		return syscall.Signal(n), nil
+	}
+	name := s
+	if len(name) < 3 || (name[:3] != "SIG" && name[:3] != "sig") {
+		name = "SIG" + name
+	}
+	b := []byte(name)
+	for i := range b {
+		if b[i] >= 'a' && b[i] <= 'z' {
+			b[i] -= 'a' - 'A'
+		}
+	}
+	if sig := unix.SignalNum(string(b)); sig != 0 {
+		return sig, nil
+	}
+	return 0, api.FieldError("signal", "unknown signal %q (try TERM, KILL, INT, HUP or a number)", s)
+}
+
+func (a *Agent) handleSignal(w http.ResponseWriter, r *http.Request) {
+	p := a.proc(w, r)
+	if p == nil {
+		return
+	}
+	var req api.SignalRequest
+	if r.ContentLength != 0 {
+		if err := decodeBody(r, &req); err != nil {
+			WriteError(w, err)
+			return
+		}
+	}
+	sig, err := ParseSignal(req.Signal)
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	if isDone(p) {
+		WriteError(w, api.Errorf(api.KindConflict, "process %s has already exited", p.ID))
+		return
+	}
+	if err := p.Signal(sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		WriteError(w, api.Errorf(api.KindInternal, "signal %s: %v", p.ID, err))
+		return
+	}
+	w.WriteHeader(204)
+}
+
+// stdinTimeout bounds how long one write may wait for a process that does
+// not read its stdin.
+const stdinTimeout = 30 * time.Second
+
+func (a *Agent) handleStdin(w http.ResponseWriter, r *http.Request) {
+	p := a.proc(w, r)
+	if p == nil {
+		return
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdinW == nil || p.stdinClosed.Load() || isDone(p) {
+		WriteError(w, api.Errorf(api.KindConflict, "process %s has no open stdin (closed, exited, or started without one)", p.ID))
+		return
+	}
+	p.stdinW.SetWriteDeadline(time.Now().Add(stdinTimeout))
+	if _, err := io.Copy(p.stdinW, r.Body); err != nil {
+		WriteError(w, api.Errorf(api.KindConflict, "write to the stdin of %s: %v", p.ID, err))
+		return
+	}
+	if r.URL.Query().Get("close") == "true" {
+		p.stdinClosed.Store(true)
+		p.stdinW.Close()
+	}
+	w.WriteHeader(204)
+}
+
+func (a *Agent) handleWait(w http.ResponseWriter, r *http.Request) {
+	p := a.proc(w, r)
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		writeJSON(w, 200, p.Status())
+	case <-r.Context().Done():
+	}
+}

@@ -1,0 +1,197 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+)
+
+// raw sends one request to the daemon and returns status and body.
+func (e *env) raw(t *testing.T, method, path string, body io.Reader) (int, []byte) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return net.Dial("unix", e.sock)
+	}}}
+	req, _ := http.NewRequest(method, "http://den"+path, body)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func (e *env) startProc(t *testing.T, id, shell string) api.ProcessInfo {
+	t.Helper()
+	b, _ := json.Marshal(api.ExecRequest{Shell: shell})
+	status, out := e.raw(t, "POST", "/v1/sandboxes/"+id+"/processes", bytes.NewReader(b))
+	var info api.ProcessInfo
+	if status != 201 || json.Unmarshal(out, &info) != nil || info.ID == "" {
+		t.Fatalf("start %q: %d %s", shell, status, out)
+	}
+	return info
+}
+
+// logs decodes a framed stream into stdout, stderr, dropped bytes and exit.
+func logs(t *testing.T, b []byte) (stdout, stderr string, dropped int64, exit *api.ExitStatus) {
+	t.Helper()
+	fr := api.NewFrameReader(bytes.NewReader(b))
+	var o, e strings.Builder
+	for {
+		typ, p, err := fr.Next()
+		if err == io.EOF {
+			return o.String(), e.String(), dropped, exit
+		}
+		if err != nil {
+			t.Fatalf("logs stream: %v", err)
+		}
+		switch typ {
+		case api.FrameStdout:
+			o.Write(p)
+		case api.FrameStderr:
+			e.Write(p)
+		case api.FrameDropped:
+			var d api.DroppedOutput
+			json.Unmarshal(p, &d)
+			dropped += d.Bytes
+		case api.FrameExit:
+			exit = new(api.ExitStatus)
+			json.Unmarshal(p, exit)
+		}
+	}
+}
+
+func TestBackgroundProcesses(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	base := "/v1/sandboxes/" + sb.ID + "/processes"
+
+	p := e.startProc(t, sb.ID, "echo start; sleep 0.3; echo done >&2; exit 3")
+	if p.State != api.ProcRunning || p.Pid <= 1 {
+		t.Fatalf("started %+v", p)
+	}
+	// Following the logs replays from the start and ends with the exit.
+	status, b := e.raw(t, "GET", base+"/"+p.ID+"/logs?follow=true", nil)
+	out, errs, _, exit := logs(t, b)
+	if status != 200 || out != "start\n" || errs != "done\n" || exit == nil || exit.ExitCode != 3 {
+		t.Fatalf("logs -f: %d %q %q %+v", status, out, errs, exit)
+	}
+	// Finished: output and exit code are still served; wait answers at once.
+	_, b = e.raw(t, "GET", base+"/"+p.ID+"/logs", nil)
+	if out, _, _, exit := logs(t, b); out != "start\n" || exit == nil || exit.ExitCode != 3 {
+		t.Fatalf("logs of a finished process: %q %+v", out, exit)
+	}
+	status, b = e.raw(t, "GET", base+"/"+p.ID+"/wait", nil)
+	var st api.ExitStatus
+	if status != 200 || json.Unmarshal(b, &st) != nil || st.ExitCode != 3 {
+		t.Fatalf("wait: %d %s", status, b)
+	}
+	// Unknown processes: a clear 404.
+	for _, bad := range []string{"p999", "nope", "p1x"} {
+		if status, b := e.raw(t, "GET", base+"/"+bad+"/logs", nil); status != 404 || !bytes.Contains(b, []byte("no process")) {
+			t.Fatalf("logs of %s: %d %s", bad, status, b)
+		}
+	}
+
+	// stdin: write, then close; the process sees both.
+	cat := e.startProc(t, sb.ID, "cat; echo eof")
+	if status, b := e.raw(t, "POST", base+"/"+cat.ID+"/stdin", strings.NewReader("hello\n")); status != 204 {
+		t.Fatalf("stdin: %d %s", status, b)
+	}
+	if status, b := e.raw(t, "POST", base+"/"+cat.ID+"/stdin?close=true", strings.NewReader("bye\n")); status != 204 {
+		t.Fatalf("stdin close: %d %s", status, b)
+	}
+	_, b = e.raw(t, "GET", base+"/"+cat.ID+"/logs?follow=true", nil)
+	if out, _, _, exit := logs(t, b); out != "hello\nbye\neof\n" || exit == nil || exit.ExitCode != 0 {
+		t.Fatalf("cat: %q %+v", out, exit)
+	}
+	if status, _ := e.raw(t, "POST", base+"/"+cat.ID+"/stdin", strings.NewReader("late")); status != 409 {
+		t.Fatalf("stdin after exit: %d, want 409", status)
+	}
+
+	// A client leaving mid-stream never kills the process; kill does, by
+	// signal, to the whole group.
+	sleeper := e.startProc(t, sb.ID, "trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.05; done")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return net.Dial("unix", e.sock)
+	}}}
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://den"+base+"/"+sleeper.ID+"/logs?follow=true", nil)
+	if resp, err := hc.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	cancel()
+	_, b = e.raw(t, "GET", base+"/"+sleeper.ID, nil)
+	var info api.ProcessInfo
+	json.Unmarshal(b, &info)
+	if info.State != api.ProcRunning {
+		t.Fatalf("process ended when its follower left: %+v", info)
+	}
+	if status, b := e.raw(t, "POST", base+"/"+sleeper.ID+"/kill", strings.NewReader(`{"signal":"TERM"}`)); status != 204 {
+		t.Fatalf("kill: %d %s", status, b)
+	}
+	_, b = e.raw(t, "GET", base+"/"+sleeper.ID+"/wait", nil)
+	json.Unmarshal(b, &st)
+	if st.ExitCode != 7 {
+		t.Fatalf("after TERM: %+v", st)
+	}
+	if status, _ := e.raw(t, "POST", base+"/"+sleeper.ID+"/kill", strings.NewReader(`{"signal":"BOGUS"}`)); status != 400 {
+		t.Fatalf("bad signal: %d", status)
+	}
+
+	// tail and since.
+	lines := e.startProc(t, sb.ID, "for i in 1 2 3 4 5; do echo $i; done")
+	e.raw(t, "GET", base+"/"+lines.ID+"/wait", nil)
+	_, b = e.raw(t, "GET", base+"/"+lines.ID+"/logs?tail=2", nil)
+	if out, _, _, _ := logs(t, b); out != "4\n5\n" {
+		t.Fatalf("tail=2: %q", out)
+	}
+	_, b = e.raw(t, "GET", base+"/"+lines.ID+"/logs?since=1h", nil)
+	if out, _, _, _ := logs(t, b); out != "1\n2\n3\n4\n5\n" {
+		t.Fatalf("since=1h: %q", out)
+	}
+	if status, _ := e.raw(t, "GET", base+"/"+lines.ID+"/logs?since=yesterday", nil); status != 400 {
+		t.Fatalf("bad since accepted: %d", status)
+	}
+
+	// ps lists them all.
+	_, b = e.raw(t, "GET", base, nil)
+	var all []api.ProcessInfo
+	if json.Unmarshal(b, &all) != nil || len(all) < 4 {
+		t.Fatalf("ps: %s", b)
+	}
+}
+
+// A process flooding output that nobody reads is not blocked and the
+// agent keeps only the bounded tail, with a marker for what was dropped.
+func TestUnreadFloodIsBounded(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	base := "/v1/sandboxes/" + sb.ID + "/processes"
+	p := e.startProc(t, sb.ID, "head -c 100000000 /dev/zero; echo end")
+	done := make(chan struct{})
+	go func() { e.raw(t, "GET", base+"/"+p.ID+"/wait", nil); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("an unread flood blocked its process")
+	}
+	_, b := e.raw(t, "GET", base+"/"+p.ID+"/logs", nil)
+	out, _, dropped, exit := logs(t, b)
+	if exit == nil || exit.ExitCode != 0 || !strings.HasSuffix(out, "end\n") {
+		t.Fatalf("flood result: exit %+v, tail %q", exit, out[max(0, len(out)-10):])
+	}
+	if len(out) > 10<<20 || dropped == 0 || int64(len(out))+dropped != 100000004 {
+		t.Fatalf("kept %d bytes, dropped %d", len(out), dropped)
+	}
+}
