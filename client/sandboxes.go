@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -163,18 +162,34 @@ func (c *Client) ExecStream(ctx context.Context, id string, req api.ExecRequest,
 		return &res.ExitStatus, nil
 	}
 
+	st, err := copyFrames(ctx, resp.Body, stdout, stderr, "exec")
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, fmt.Errorf("exec output stream ended without an exit status: %w", io.ErrUnexpectedEOF)
+	}
+	return st, nil
+}
+
+// copyFrames copies the output frames of a framed stream to stdout and
+// stderr (which must not be nil) until the exit frame, whose status it
+// returns. An error frame is returned as an *api.Error; dropped output is
+// reported with a DroppedMarker line on stderr. At a clean end of the stream
+// without an exit frame it returns nil, nil; what names the stream in errors.
+func copyFrames(ctx context.Context, body io.Reader, stdout, stderr io.Writer, what string) (*api.ExitStatus, error) {
 	errw := &lastByteWriter{w: stderr, last: '\n'}
-	fr := api.NewFrameReader(resp.Body)
+	fr := api.NewFrameReader(body)
 	for {
 		typ, payload, err := fr.Next()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
+			if err == io.EOF {
+				return nil, nil
 			}
-			return nil, fmt.Errorf("exec output stream ended without an exit status: %w", err)
+			return nil, fmt.Errorf("%s output stream ended without an exit status: %w", what, err)
 		}
 		switch typ {
 		case api.FrameStdout:

@@ -668,6 +668,7 @@ func TestDaemonRestartReattaches(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(t, api.CreateRequest{})
 	e.sh(t, sb.ID, "sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
+	bg := e.startProc(t, sb.ID, "echo before; read line; echo got $line")
 	e.stop()
 	imgs, _ := image.NewStore(filepath.Join(e.data, "images"))
 	e.start(t, imgs)
@@ -677,6 +678,15 @@ func TestDaemonRestartReattaches(t *testing.T) {
 	}
 	if r := e.sh(t, sb.ID, "kill -0 $(cat /tmp/sleeper) && echo alive"); string(r.Stdout) != "alive\n" {
 		t.Fatalf("process lost across restart: %q %q", r.Stdout, r.Stderr)
+	}
+	// The background process, its id, its output and its stdin survive too.
+	base := "/v1/sandboxes/" + sb.ID + "/processes/" + bg.ID
+	if status, b := e.raw(t, "POST", base+"/stdin?close=true", strings.NewReader("x\n")); status != 204 {
+		t.Fatalf("stdin after restart: %d %s", status, b)
+	}
+	_, b := e.raw(t, "GET", base+"/logs?follow=true", nil)
+	if out, _, _, exit := logs(t, b); out != "before\ngot x\n" || exit == nil || exit.ExitCode != 0 {
+		t.Fatalf("logs after restart: %q %+v", out, exit)
 	}
 }
 
