@@ -73,6 +73,11 @@ type ExecRequest struct {
 	// Without it the command's stdin is /dev/null.
 	Stdin   []byte   `json:"stdin,omitempty"`
 	Timeout Duration `json:"timeout,omitempty"`
+	// Session runs the command in the named shell session of the sandbox
+	// (created on first use): the working directory, variables and shell
+	// functions one command leaves are there for the next. Commands of a
+	// session run one at a time; a timeout ends the session.
+	Session string `json:"session,omitempty"`
 }
 
 // Exit reasons.
@@ -194,4 +199,12 @@ type ProcessInfo struct {
 // SignalRequest is the body of POST .../processes/{proc}/kill.
 type SignalRequest struct {
 	Signal string `json:"signal,omitempty"`
+}
+
+// Session describes a shell session of a sandbox.
+type Session struct {
+	Name    string    `json:"name"`
+	Pid     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	Busy    bool      `json:"busy"`
 }

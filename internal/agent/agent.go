@@ -40,6 +40,8 @@ type Agent struct {
 	mu     sync.Mutex
 	procs  map[string]*Process
 	order  []*Process // in start order, for listing and retention
+
+	sessions map[string]*session
 }
 
 // New starts the reaper and the confined launcher thread.
@@ -55,7 +57,7 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{opts: opts, launch: l, procs: map[string]*Process{}}, nil
+	return &Agent{opts: opts, launch: l, procs: map[string]*Process{}, sessions: map[string]*session{}}, nil
 }
 
 func (a *Agent) hostname() string {
@@ -86,6 +88,8 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /archive", a.handleDownload)
 	mux.HandleFunc("PUT /archive", a.handleUpload)
 	mux.HandleFunc("POST /hostname", a.handleHostname)
+	mux.HandleFunc("GET /sessions", a.handleSessions)
+	mux.HandleFunc("DELETE /sessions/{name}", a.handleCloseSession)
 	mux.HandleFunc("POST /procs", a.handleStart)
 	mux.HandleFunc("GET /procs", a.handleProcs)
 	mux.HandleFunc("GET /procs/{id}", a.handleProc)
@@ -141,6 +145,16 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 		}
 		return nil
+	}
+	if spec.Session != "" {
+		st, err := a.execInSession(r.Context(), &spec, send)
+		if err != nil {
+			WriteError(w, err)
+			return
+		}
+		b, _ := json.Marshal(st)
+		send(api.FrameExit, b)
+		return
 	}
 	res, err := a.resolve(&spec)
 	var p *Process

@@ -24,6 +24,9 @@ type ExecSpec struct {
 	Stdin     []byte        `json:"stdin,omitempty"`
 	StdinOpen bool          `json:"stdin_open,omitempty"`
 	Timeout   time.Duration `json:"timeout,omitempty"`
+	// Session names a shell whose state (cwd, variables, functions)
+	// persists from one exec to the next.
+	Session string `json:"session,omitempty"`
 }
 
 type resolved struct {

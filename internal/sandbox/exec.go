@@ -35,6 +35,9 @@ func validateExec(req *api.ExecRequest) error {
 	if req.Workdir != "" && !strings.HasPrefix(req.Workdir, "/") {
 		return api.FieldError("workdir", "%q is not an absolute path", req.Workdir)
 	}
+	if req.Session != "" && len(req.Stdin) > 0 {
+		return api.FieldError("stdin", "commands in a session read no stdin")
+	}
 	if len(req.Stdin) > MaxStdin {
 		return api.FieldError("stdin", "more than %d bytes: stream large input with a file upload", MaxStdin)
 	}
@@ -130,7 +133,7 @@ func (m *Manager) execSpec(ctx context.Context, sb *api.Sandbox, req *api.ExecRe
 	}
 	spec = &agent.ExecSpec{
 		Argv: argv, Env: append(append([]string{}, env...), req.Env...), Dir: dir, User: user,
-		Stdin: req.Stdin, Timeout: req.Timeout.D(),
+		Stdin: req.Stdin, Timeout: req.Timeout.D(), Session: req.Session,
 	}
 	return spec, argv, user
 }

@@ -195,3 +195,59 @@ func TestUnreadFloodIsBounded(t *testing.T) {
 		t.Fatalf("kept %d bytes, dropped %d", len(out), dropped)
 	}
 }
+
+func TestSessions(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{})
+	run := func(session, shell string) *api.ExecResult {
+		t.Helper()
+		r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: shell, Session: session, Timeout: api.Duration(10 * time.Second)})
+		if err != nil {
+			t.Fatalf("%s: %v", shell, err)
+		}
+		return r
+	}
+	e.sh(t, sb.ID, "mkdir -p /src/deep")
+	if r := run("s1", "cd /src && export X=1 && greet() { echo hello $1; }"); r.ExitCode != 0 {
+		t.Fatalf("setup: %+v %q", r.ExitStatus, r.Stderr)
+	}
+	if r := run("s1", "pwd; echo $X; greet you"); string(r.Stdout) != "/src\n1\nhello you\n" {
+		t.Fatalf("state not kept: %q %q", r.Stdout, r.Stderr)
+	}
+	if r := run("s1", "echo -n partial; echo err >&2; false"); string(r.Stdout) != "partial" || string(r.Stderr) != "err\n" || r.ExitCode != 1 {
+		t.Fatalf("output framing: %q %q %+v", r.Stdout, r.Stderr, r.ExitStatus)
+	}
+	if r := run("s2", "pwd; echo ${X:-unset}"); string(r.Stdout) != "/root\nunset\n" && string(r.Stdout) != "/\nunset\n" {
+		t.Fatalf("sessions share state: %q", r.Stdout)
+	}
+	// A command reading stdin gets EOF, not the session's script.
+	if r := run("s1", "cat; echo after"); string(r.Stdout) != "after\n" {
+		t.Fatalf("stdin: %q", r.Stdout)
+	}
+	// Listed, then closed; closing twice is a clear 404.
+	status, b := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/sessions", nil)
+	var ss []api.Session
+	if status != 200 || json.Unmarshal(b, &ss) != nil || len(ss) != 2 {
+		t.Fatalf("sessions: %d %s", status, b)
+	}
+	if status, _ := e.raw(t, "DELETE", "/v1/sandboxes/"+sb.ID+"/sessions/s1", nil); status != 204 {
+		t.Fatalf("close: %d", status)
+	}
+	if status, _ := e.raw(t, "DELETE", "/v1/sandboxes/"+sb.ID+"/sessions/s1", nil); status != 404 {
+		t.Fatalf("close again: %d", status)
+	}
+	if r := run("s1", "pwd"); string(r.Stdout) == "/src\n" {
+		t.Fatal("a closed session kept its state")
+	}
+	// exit ends the session with its status; a timeout ends it too.
+	if r := run("s3", "exit 4"); r.ExitCode != 4 {
+		t.Fatalf("exit in a session: %+v", r.ExitStatus)
+	}
+	r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: "sleep 30", Session: "s4", Timeout: api.Duration(300 * time.Millisecond)})
+	if err != nil || r.Reason != api.ReasonTimeout {
+		t.Fatalf("timeout in a session: %+v %v", r, err)
+	}
+	_, err = e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: "true", Session: "bad name!"})
+	wantKind(t, err, api.KindInvalid)
+}

@@ -93,6 +93,8 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/processes/{proc}/kill", s.procProxy("POST", "/signal"))
 	h("POST /v1/sandboxes/{id}/processes/{proc}/stdin", s.procProxy("POST", "/stdin"))
 	h("GET /v1/sandboxes/{id}/processes/{proc}/wait", s.procProxy("GET", "/wait"))
+	h("GET /v1/sandboxes/{id}/sessions", s.sessionProxy("GET"))
+	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionProxy("DELETE"))
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)
 	h("DELETE /v1/images/{name...}", s.removeImage)
@@ -633,4 +635,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		out = append(out, api.Event{Seq: e.Seq, Time: e.Time, Sandbox: e.Sandbox, Type: e.Type, Data: e.Data})
 	}
 	writeJSON(w, 200, out)
+}
+
+func (s *Server) sessionProxy(method string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		path := "/sessions"
+		if n := r.PathValue("name"); n != "" {
+			path += "/" + url.PathEscape(n)
+		}
+		s.forward(w, r, method, path, nil, nil)
+	}
 }
