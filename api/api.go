@@ -22,21 +22,25 @@ const (
 
 // Sandbox is the record of one sandbox.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	Name      string            `json:"name,omitempty"`
-	Image     string            `json:"image"`
-	Runtime   string            `json:"runtime"`
-	State     string            `json:"state"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Env       []string          `json:"env,omitempty"`
-	Workdir   string            `json:"workdir,omitempty"`
-	User      string            `json:"user,omitempty"`
-	Hostname  string            `json:"hostname"`
-	Limits    Limits            `json:"limits"`
-	TTL       Duration          `json:"ttl,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
-	StartedAt time.Time         `json:"started_at,omitzero"`
-	ExpiresAt time.Time         `json:"expires_at,omitzero"`
+	ID       string            `json:"id"`
+	Name     string            `json:"name,omitempty"`
+	Image    string            `json:"image"`
+	Runtime  string            `json:"runtime"`
+	State    string            `json:"state"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Env      []string          `json:"env,omitempty"`
+	Workdir  string            `json:"workdir,omitempty"`
+	User     string            `json:"user,omitempty"`
+	Hostname string            `json:"hostname"`
+	Limits   Limits            `json:"limits"`
+	TTL      Duration          `json:"ttl,omitempty"`
+	// IdleTimeout stops the sandbox after this long without exec, file or
+	// process activity through the API (files and processes stay; start
+	// it again with den start).
+	IdleTimeout Duration  `json:"idle_timeout,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	StartedAt   time.Time `json:"started_at,omitzero"`
+	ExpiresAt   time.Time `json:"expires_at,omitzero"`
 	// Pid is the host pid of the sandbox's agent (PID 1 inside), while running.
 	Pid int `json:"pid,omitempty"`
 }
@@ -58,6 +62,8 @@ type CreateRequest struct {
 	User    string            `json:"user,omitempty"`
 	Limits  Limits            `json:"limits,omitzero"`
 	TTL     Duration          `json:"ttl,omitempty"`
+	// IdleTimeout: see Sandbox.IdleTimeout.
+	IdleTimeout Duration `json:"idle_timeout,omitempty"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.

@@ -61,6 +61,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 		return nil, api.Errorf(api.KindConflict, "sandbox %s stopped", sb.ID[:12])
 	}
 	spec, argv, user := m.execSpec(ctx, sb, &req)
+	defer m.hold(sb.ID)()
 	oomBefore := b.OOMKills()
 	rc, err := ag.Exec(ctx, spec)
 	if err != nil {

@@ -58,6 +58,8 @@ type Manager struct {
 
 	mu    sync.Mutex
 	boxes map[string]isolate.Box // running sandboxes
+	seen  map[string]time.Time   // last API activity of each running sandbox
+	busy  map[string]int         // requests in flight per sandbox
 	slots map[int]string         // id range slot → sandbox id
 	locks map[string]*sync.Mutex // one lifecycle operation at a time per sandbox
 
@@ -87,7 +89,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
-		boxes: map[string]isolate.Box{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
+		boxes: map[string]isolate.Box{}, seen: map[string]time.Time{}, busy: map[string]int{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
 		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
@@ -536,6 +538,7 @@ func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
+	delete(m.seen, rec.ID)
 	m.mu.Unlock()
 	if b != nil {
 		if err := b.Stop(ctx); err != nil {
@@ -612,6 +615,7 @@ func (m *Manager) expireLoop() {
 		case <-m.stop:
 			return
 		case now := <-t.C:
+			m.stopIdle(now)
 			exp, err := m.db.ExpiredSandboxes(context.Background(), now)
 			if err != nil {
 				continue
@@ -628,6 +632,7 @@ func (m *Manager) expireLoop() {
 }
 
 // Agent returns the agent client of a running sandbox.
+// Every use of a sandbox's agent counts as activity for its idle timeout.
 func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *api.Sandbox, error) {
 	rec, err := m.get(ctx, id)
 	if err != nil {
@@ -635,6 +640,9 @@ func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *api.San
 	}
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
+	if b != nil {
+		m.seen[rec.ID] = time.Now()
+	}
 	m.mu.Unlock()
 	if b == nil {
 		return nil, nil, api.Errorf(api.KindConflict, "sandbox %s is %s: start it with `den start %s`", rec.ID[:12], rec.State, rec.ID[:12])
@@ -666,6 +674,7 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest) {
 	now := time.Now().UTC()
 	rec.Name, rec.Labels, rec.Env, rec.Workdir, rec.User = req.Name, req.Labels, req.Env, req.Workdir, req.User
 	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
+	rec.IdleTimeout = req.IdleTimeout
 	rec.Hostname = rec.Name
 	if rec.Hostname == "" {
 		rec.Hostname = rec.ID[:12]
@@ -817,4 +826,52 @@ func (m *Manager) teardownAsync(rec *record, b isolate.Box) {
 		defer m.wg.Done()
 		m.teardown(rec, b)
 	}()
+}
+
+// stopIdle stops running sandboxes idle past their idle timeout. A
+// sandbox's clock starts when it starts; an exec in flight keeps it busy.
+func (m *Manager) stopIdle(now time.Time) {
+	m.mu.Lock()
+	var ids []string
+	for id := range m.boxes {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	for _, id := range ids {
+		rec, err := m.get(context.Background(), id)
+		if err != nil || rec.IdleTimeout <= 0 || rec.State != api.StateRunning {
+			continue
+		}
+		m.mu.Lock()
+		last, busy := m.seen[id], m.busy[id] > 0
+		m.mu.Unlock()
+		if last.Before(rec.StartedAt) {
+			last = rec.StartedAt
+		}
+		if busy || now.Sub(last) < rec.IdleTimeout.D() {
+			continue
+		}
+		if _, err := m.Stop(context.Background(), id); err != nil {
+			m.log.Warn("idle stop", "id", id, "err", err)
+			continue
+		}
+		m.event(id, "sandbox.idle-stop", map[string]any{"idle": now.Sub(last).Round(time.Second).String()})
+	}
+}
+
+// hold marks a sandbox busy for the life of a long request (an exec, a
+// followed log) so the idle timeout does not stop it underneath.
+func (m *Manager) hold(id string) func() {
+	m.mu.Lock()
+	m.busy[id]++
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		m.busy[id]--
+		if m.busy[id] <= 0 {
+			delete(m.busy, id)
+		}
+		m.seen[id] = time.Now()
+		m.mu.Unlock()
+	}
 }

@@ -769,3 +769,33 @@ func TestDpkgInstallStaysInside(t *testing.T) {
 		t.Fatalf("another sandbox sees the package: %q", r.Stdout)
 	}
 }
+
+func TestIdleTimeout(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	busy := e.create(t, api.CreateRequest{IdleTimeout: api.Duration(1500 * time.Millisecond)})
+	idle := e.create(t, api.CreateRequest{IdleTimeout: api.Duration(time.Second)})
+	// A long exec keeps a sandbox busy past its idle timeout.
+	if r := e.sh(t, busy.ID, "sleep 2.5; echo done"); string(r.Stdout) != "done\n" {
+		t.Fatalf("long exec: %q", r.Stdout)
+	}
+	deadline := time.Now().Add(6 * time.Second)
+	for time.Now().Before(deadline) {
+		sb, err := e.c.Get(ctx, idle.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.State == api.StateStopped {
+			evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: idle.ID, Type: "sandbox.idle-stop"})
+			if len(evs) != 1 {
+				t.Fatalf("no idle-stop event: %v", evs)
+			}
+			if s, _ := e.c.Get(ctx, busy.ID); s.State != api.StateRunning {
+				t.Fatal("the busy sandbox was stopped as idle")
+			}
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("idle sandbox still running 6 s after its 1 s idle timeout")
+}
