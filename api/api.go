@@ -84,6 +84,11 @@ type ExecRequest struct {
 	// functions one command leaves are there for the next. Commands of a
 	// session run one at a time; a timeout ends the session.
 	Session string `json:"session,omitempty"`
+	// Restart and Name apply to background processes (POST .../processes):
+	// "always" or "on-failure" make the process a service that is started
+	// again, with backoff, when it ends, and again when the sandbox starts.
+	Restart string `json:"restart,omitempty"`
+	Name    string `json:"name,omitempty"`
 }
 
 // Exit reasons.
@@ -191,13 +196,18 @@ const (
 
 // ProcessInfo describes a process started in a sandbox.
 type ProcessInfo struct {
-	ID      string      `json:"id"`
-	Pid     int         `json:"pid"`
-	Cmd     []string    `json:"cmd"`
-	State   string      `json:"state"`
-	Started time.Time   `json:"started"`
-	Ended   time.Time   `json:"ended,omitzero"`
-	Exit    *ExitStatus `json:"exit,omitempty"`
+	ID   string `json:"id"`
+	Pid  int    `json:"pid"`
+	Name string `json:"name,omitempty"`
+	// Restart is the service policy ("always", "on-failure") and Restarts
+	// how often the service was started again.
+	Restart  string      `json:"restart,omitempty"`
+	Restarts int         `json:"restarts,omitempty"`
+	Cmd      []string    `json:"cmd"`
+	State    string      `json:"state"`
+	Started  time.Time   `json:"started"`
+	Ended    time.Time   `json:"ended,omitzero"`
+	Exit     *ExitStatus `json:"exit,omitempty"`
 	// Output is the total bytes written to stdout and stderr so far.
 	Output int64 `json:"output"`
 }

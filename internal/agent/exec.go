@@ -27,6 +27,11 @@ type ExecSpec struct {
 	// Session names a shell whose state (cwd, variables, functions)
 	// persists from one exec to the next.
 	Session string `json:"session,omitempty"`
+	// Restart makes a background process a service: "always" or
+	// "on-failure" start it again (with backoff) when it ends.
+	Restart string `json:"restart,omitempty"`
+	// Name names a background process; unique among running ones.
+	Name string `json:"name,omitempty"`
 }
 
 type resolved struct {
@@ -39,6 +44,10 @@ type resolved struct {
 	stdin     []byte
 	stdinOpen bool
 	timeout   time.Duration
+	// A service's runs share one pair of output rings, left open between runs.
+	stdoutRing, stderrRing *ring
+	keepRings              bool
+	name                   string
 }
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

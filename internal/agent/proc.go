@@ -148,6 +148,8 @@ type Process struct {
 	status      api.ExitStatus
 	ended       time.Time
 	timedOut    bool
+	name        string
+	service     *service // nil for plain processes
 }
 
 // Done is closed when the process has exited and its output is complete.
@@ -164,7 +166,12 @@ func (p *Process) Status() api.ExitStatus {
 func (p *Process) Info() api.ProcessInfo {
 	_, outN := p.stdout.Len()
 	_, errN := p.stderr.Len()
-	info := api.ProcessInfo{ID: p.ID, Pid: p.Pid, Cmd: p.Argv, State: api.ProcRunning, Started: p.Started.UTC(), Output: outN + errN}
+	info := api.ProcessInfo{ID: p.ID, Pid: p.Pid, Name: p.name, Cmd: p.Argv, State: api.ProcRunning, Started: p.Started.UTC(), Output: outN + errN}
+	if svc := p.service; svc != nil {
+		svc.mu.Lock()
+		info.Restart, info.Restarts = svc.policy, svc.restarts
+		svc.mu.Unlock()
+	}
 	select {
 	case <-p.done:
 		st := p.Status()
@@ -240,11 +247,14 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 			Pdeathsig:  0,
 		},
 	}
+	if spec.stdoutRing == nil {
+		spec.stdoutRing, spec.stderrRing = newRing(a.opts.OutputLimit), newRing(a.opts.OutputLimit)
+	}
 	p := &Process{
 		ID:      nextProcID(),
 		Argv:    spec.argv,
-		stdout:  newRing(a.opts.OutputLimit),
-		stderr:  newRing(a.opts.OutputLimit),
+		stdout:  spec.stdoutRing,
+		stderr:  spec.stderrRing,
 		stdinW:  inW,
 		done:    make(chan struct{}),
 		Started: time.Now(),
@@ -310,8 +320,10 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 			p.stdinClosed.Store(true)
 			p.stdinW.Close()
 		}
-		p.stdout.Close()
-		p.stderr.Close()
+		if !spec.keepRings { // a service's next run writes on
+			p.stdout.Close()
+			p.stderr.Close()
+		}
 		close(p.done)
 	}()
 	return p, nil

@@ -76,6 +76,25 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	spec.StdinOpen = true
+	if !validRestart(spec.Restart) {
+		WriteError(w, api.FieldError("restart", "%q: use no, always or on-failure", spec.Restart))
+		return
+	}
+	if spec.Name != "" {
+		if !validSessionName(spec.Name) {
+			WriteError(w, api.FieldError("name", "%q: use 1-64 letters, digits, '-', '_' or '.'", spec.Name))
+			return
+		}
+		a.mu.Lock()
+		for _, q := range a.order {
+			if q.name == spec.Name && (!isDone(q) || q.service != nil && !q.service.isStopped()) {
+				a.mu.Unlock()
+				WriteError(w, api.Errorf(api.KindExists, "a process named %q is running (%s)", spec.Name, q.ID))
+				return
+			}
+		}
+		a.mu.Unlock()
+	}
 	res, err := a.resolve(&spec)
 	if err != nil {
 		var se *startError
@@ -85,10 +104,25 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
+	var svc *service
+	if spec.Restart == "always" || spec.Restart == "on-failure" {
+		res.stdoutRing, res.stderrRing = newRing(a.opts.OutputLimit), newRing(a.opts.OutputLimit)
+		res.keepRings = true
+		res.stdinOpen = false // each run gets /dev/null; there is no one stdin across runs
+		res.stdin = nil
+		svc = &service{res: res, policy: spec.Restart}
+	}
 	p, err := a.spawn(res)
 	if err != nil {
 		WriteError(w, api.Errorf(api.KindInvalid, "start %q: %v", spec.Argv[0], err))
 		return
+	}
+	p.name = spec.Name
+	res.name = spec.Name
+	if svc != nil {
+		svc.id = p.ID
+		p.service = svc
+		go a.supervise(svc, p)
 	}
 	a.track(p)
 	writeJSON(w, 201, p.Info())
@@ -263,7 +297,14 @@ func (a *Agent) handleSignal(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
+	if p.service != nil {
+		p.service.stop() // a kill through the API is final for a service
+	}
 	if isDone(p) {
+		if p.service != nil {
+			w.WriteHeader(204)
+			return
+		}
 		WriteError(w, api.Errorf(api.KindConflict, "process %s has already exited", p.ID))
 		return
 	}

@@ -16,6 +16,14 @@ import (
 const MaxStdin = 32 << 20
 
 func validateExec(req *api.ExecRequest) error {
+	switch req.Restart {
+	case "", "no", "always", "on-failure":
+	default:
+		return api.FieldError("restart", "%q: use no, always or on-failure", req.Restart)
+	}
+	if req.Session != "" && (req.Restart != "" || req.Name != "") {
+		return api.FieldError("session", "a session command cannot be a named or restarted background process")
+	}
 	switch {
 	case len(req.Cmd) == 0 && req.Shell == "":
 		return api.FieldError("cmd", "give a command (cmd) or a shell string (shell)")
@@ -51,6 +59,9 @@ func validateExec(req *api.ExecRequest) error {
 func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out func(typ byte, payload []byte) error) (*api.ExitStatus, error) {
 	if err := validateExec(&req); err != nil {
 		return nil, err
+	}
+	if req.Restart != "" || req.Name != "" {
+		return nil, api.FieldError("restart", "restart and name apply to background processes (POST .../processes, den exec -d)")
 	}
 	ag, sb, err := m.Agent(ctx, id)
 	if err != nil {
@@ -135,6 +146,7 @@ func (m *Manager) execSpec(ctx context.Context, sb *api.Sandbox, req *api.ExecRe
 	spec = &agent.ExecSpec{
 		Argv: argv, Env: append(append([]string{}, env...), req.Env...), Dir: dir, User: user,
 		Stdin: req.Stdin, Timeout: req.Timeout.D(), Session: req.Session,
+		Restart: req.Restart, Name: req.Name,
 	}
 	return spec, argv, user
 }
@@ -153,6 +165,69 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req api.ExecReque
 	if err := ag.JSON(ctx, "POST", "/procs", nil, spec, &info); err != nil {
 		return nil, err
 	}
-	m.event(sb.ID, "process.start", map[string]any{"process": info.ID, "cmd": argv, "user": user})
+	m.event(sb.ID, "process.start", map[string]any{"process": info.ID, "cmd": argv, "user": user, "restart": req.Restart})
+	if req.Restart == "always" || req.Restart == "on-failure" {
+		// Remember the service so it starts again with the sandbox.
+		unlock := m.lock(sb.ID)
+		defer unlock()
+		rec, err := m.get(ctx, sb.ID)
+		if err != nil {
+			return nil, err
+		}
+		rec.Services = append(rec.Services, service{Req: req, Proc: info.ID})
+		if err := m.put(ctx, rec); err != nil {
+			return nil, err
+		}
+	}
 	return &info, nil
+}
+
+// service is a background process with a restart policy, kept in the
+// sandbox's record so it starts again when the sandbox does.
+type service struct {
+	Req  api.ExecRequest `json:"req"`
+	Proc string          `json:"proc"` // its process id in the current run of the sandbox
+}
+
+// ProcessKilled forgets a service killed through the API.
+func (m *Manager) ProcessKilled(ctx context.Context, id, proc string) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return
+	}
+	kept := rec.Services[:0]
+	for _, s := range rec.Services {
+		if s.Proc != proc {
+			kept = append(kept, s)
+		}
+	}
+	if len(kept) != len(rec.Services) {
+		rec.Services = kept
+		m.put(ctx, rec)
+	}
+}
+
+// startServices starts a booted sandbox's services again. Call with the
+// sandbox locked.
+func (m *Manager) startServices(ctx context.Context, rec *record, ag *agent.Client) {
+	sb := rec.Sandbox
+	for i := range rec.Services {
+		s := &rec.Services[i]
+		spec, _, _ := m.execSpec(ctx, &sb, &s.Req)
+		var info api.ProcessInfo
+		if err := ag.JSON(ctx, "POST", "/procs", nil, spec, &info); err != nil {
+			m.log.Warn("start service", "sandbox", rec.ID, "name", s.Req.Name, "err", err)
+			continue
+		}
+		s.Proc = info.ID
+		m.event(rec.ID, "process.start", map[string]any{"process": info.ID, "cmd": spec.Argv, "restart": s.Req.Restart, "service": true})
+	}
+	if len(rec.Services) > 0 {
+		m.put(ctx, rec)
+	}
 }

@@ -79,7 +79,8 @@ type pooled struct {
 // record is a sandbox as stored: the API record plus what only the daemon needs.
 type record struct {
 	api.Sandbox
-	UIDBase int `json:"uid_base"`
+	UIDBase  int       `json:"uid_base"`
+	Services []service `json:"services,omitempty"`
 }
 
 // New loads the sandboxes in the store, reattaching to those still running.
@@ -465,6 +466,7 @@ func (m *Manager) boot(ctx context.Context, rec *record) error {
 	m.boxes[rec.ID] = b
 	m.mu.Unlock()
 	m.watch(rec.ID, b)
+	m.startServices(ctx, rec, b.Agent())
 	return nil
 }
 

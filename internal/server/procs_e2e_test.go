@@ -251,3 +251,90 @@ func TestSessions(t *testing.T) {
 	_, err = e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: "true", Session: "bad name!"})
 	wantKind(t, err, api.KindInvalid)
 }
+
+func TestServices(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{})
+	base := "/v1/sandboxes/" + sb.ID + "/processes"
+	start := func(req api.ExecRequest) (int, api.ProcessInfo, []byte) {
+		b, _ := json.Marshal(req)
+		status, out := e.raw(t, "POST", base, bytes.NewReader(b))
+		var info api.ProcessInfo
+		json.Unmarshal(out, &info)
+		return status, info, out
+	}
+	get := func(id string) api.ProcessInfo {
+		_, b := e.raw(t, "GET", base+"/"+id, nil)
+		var info api.ProcessInfo
+		json.Unmarshal(b, &info)
+		return info
+	}
+	status, crash, out := start(api.ExecRequest{Shell: "echo run; exit 1", Restart: "on-failure", Name: "crashy"})
+	if status != 201 || crash.Restart != "on-failure" || crash.Name != "crashy" {
+		t.Fatalf("start service: %d %s", status, out)
+	}
+	if status, _, _ := start(api.ExecRequest{Shell: "true", Name: "crashy"}); status != 409 {
+		t.Fatalf("duplicate name: %d", status)
+	}
+	if status, _, _ := start(api.ExecRequest{Shell: "true", Restart: "sometimes"}); status != 400 {
+		t.Fatalf("bad policy: %d", status)
+	}
+	if _, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: "true", Restart: "always"}); err == nil {
+		t.Fatal("restart accepted on a foreground exec")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for get(crash.ID).Restarts < 3 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := get(crash.ID).Restarts; n < 3 {
+		t.Fatalf("on-failure service restarted %d times in 5 s", n)
+	}
+	_, b := e.raw(t, "GET", base+"/"+crash.ID+"/logs", nil)
+	if out, _, _, _ := logs(t, b); strings.Count(out, "run\n") < 4 {
+		t.Fatalf("logs across restarts: %q", out)
+	}
+	// Killing a service through the API is final.
+	if status, _ := e.raw(t, "POST", base+"/"+crash.ID+"/kill", nil); status != 204 {
+		t.Fatalf("kill service: %d", status)
+	}
+	n := get(crash.ID).Restarts
+	time.Sleep(1500 * time.Millisecond)
+	if m := get(crash.ID).Restarts; m > n+1 {
+		t.Fatalf("killed service kept restarting: %d → %d", n, m)
+	}
+	// on-failure does not restart a clean exit.
+	_, ok, _ := start(api.ExecRequest{Shell: "exit 0", Restart: "on-failure"})
+	time.Sleep(500 * time.Millisecond)
+	if info := get(ok.ID); info.Restarts != 0 || info.State != api.ProcExited {
+		t.Fatalf("clean exit restarted: %+v", info)
+	}
+	// A service comes back when the sandbox starts again.
+	_, web, _ := start(api.ExecRequest{Shell: "echo serving; sleep 1000", Restart: "always", Name: "web"})
+	if get(web.ID).State != api.ProcRunning {
+		t.Fatal("web not running")
+	}
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, b = e.raw(t, "GET", base, nil)
+	var all []api.ProcessInfo
+	json.Unmarshal(b, &all)
+	// Services start again with the sandbox (like enabled units at boot);
+	// the one killed through the API does not.
+	var web2 *api.ProcessInfo
+	for i := range all {
+		if all[i].Name == "crashy" {
+			t.Fatalf("a killed service came back: %s", b)
+		}
+		if all[i].Name == "web" {
+			web2 = &all[i]
+		}
+	}
+	if len(all) != 2 || web2 == nil || web2.State != api.ProcRunning || web2.Restart != "always" {
+		t.Fatalf("after start, processes: %s", b)
+	}
+}
