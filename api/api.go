@@ -37,10 +37,13 @@ type Sandbox struct {
 	// IdleTimeout stops the sandbox after this long without exec, file or
 	// process activity through the API (files and processes stay; start
 	// it again with den start).
-	IdleTimeout Duration  `json:"idle_timeout,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	StartedAt   time.Time `json:"started_at,omitzero"`
-	ExpiresAt   time.Time `json:"expires_at,omitzero"`
+	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	// Usage is what the sandbox has used over its whole life, for billing
+	// by time alive or by time active.
+	Usage     Usage     `json:"usage"`
+	CreatedAt time.Time `json:"created_at"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// Pid is the host pid of the sandbox's agent (PID 1 inside), while running.
 	Pid int `json:"pid,omitempty"`
 }
@@ -223,4 +226,29 @@ type Session struct {
 	Pid     int       `json:"pid"`
 	Started time.Time `json:"started"`
 	Busy    bool      `json:"busy"`
+}
+
+// Usage totals of a sandbox since it was created.
+type Usage struct {
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	MemoryGiBHours float64 `json:"memory_gib_hours"`
+	// AliveSeconds counts time running; ActiveSeconds only time with API
+	// activity (an exec, a file or process call) in it.
+	AliveSeconds  float64 `json:"alive_seconds"`
+	ActiveSeconds float64 `json:"active_seconds"`
+	EgressBytes   int64   `json:"egress_bytes"`
+}
+
+// Stats is the answer of GET /v1/sandboxes/{id}/stats: live use and limits.
+type Stats struct {
+	ID          string   `json:"id"`
+	CPU         Duration `json:"cpu"` // CPU time of the current run
+	Memory      Size     `json:"memory"`
+	MemoryLimit Size     `json:"memory_limit,omitempty"`
+	Pids        int      `json:"pids"`
+	PidsLimit   int      `json:"pids_limit,omitempty"`
+	Disk        Size     `json:"disk"` // bytes in the sandbox's writable layer
+	NetRxBytes  int64    `json:"net_rx_bytes"`
+	NetTxBytes  int64    `json:"net_tx_bytes"`
+	Usage       Usage    `json:"usage"`
 }

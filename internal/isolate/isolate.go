@@ -8,6 +8,7 @@ package isolate
 
 import (
 	"context"
+	"time"
 
 	"github.com/den-dev/den/internal/agent"
 )
@@ -65,4 +66,18 @@ type Box interface {
 	OOMKills() uint64
 	// SetLimits changes the box's resource limits while it runs.
 	SetLimits(Limits) error
+}
+
+// Stats is a box's live resource use.
+type Stats struct {
+	CPU        time.Duration // CPU time used since the box started
+	Memory     int64         // bytes of memory in use
+	Pids       int           // processes and threads
+	NetRxBytes int64         // bytes received on the box's interfaces
+	NetTxBytes int64         // bytes sent
+}
+
+// Statser is the optional ability of a box to report its resource use.
+type Statser interface {
+	Stats() (Stats, error)
 }

@@ -56,12 +56,13 @@ type Manager struct {
 	images *image.Store
 	log    *slog.Logger
 
-	mu    sync.Mutex
-	boxes map[string]isolate.Box // running sandboxes
-	seen  map[string]time.Time   // last API activity of each running sandbox
-	busy  map[string]int         // requests in flight per sandbox
-	slots map[int]string         // id range slot → sandbox id
-	locks map[string]*sync.Mutex // one lifecycle operation at a time per sandbox
+	mu     sync.Mutex
+	boxes  map[string]isolate.Box // running sandboxes
+	seen   map[string]time.Time   // last API activity of each running sandbox
+	busy   map[string]int         // requests in flight per sandbox
+	meters map[string]*meter      // usage accounting of running sandboxes
+	slots  map[int]string         // id range slot → sandbox id
+	locks  map[string]*sync.Mutex // one lifecycle operation at a time per sandbox
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}
@@ -90,7 +91,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
-		boxes: map[string]isolate.Box{}, seen: map[string]time.Time{}, busy: map[string]int{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
+		boxes: map[string]isolate.Box{}, seen: map[string]time.Time{}, busy: map[string]int{}, meters: map[string]*meter{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
 		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
@@ -181,6 +182,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			if err == nil {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
 					m.boxes[rec.ID] = b
+					m.meters[rec.ID] = &meter{total: rec.Usage}
 					m.watch(rec.ID, b)
 					continue
 				}
@@ -217,6 +219,9 @@ func decodeRecord(s *store.Sandbox) (*record, error) {
 }
 
 func (m *Manager) put(ctx context.Context, rec *record) error {
+	if u, ok := m.usageOf(rec.ID); ok {
+		rec.Usage = u
+	}
 	doc, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -465,6 +470,7 @@ func (m *Manager) boot(ctx context.Context, rec *record) error {
 	m.mu.Lock()
 	m.boxes[rec.ID] = b
 	m.mu.Unlock()
+	m.startMeter(rec)
 	m.watch(rec.ID, b)
 	m.startServices(ctx, rec, b.Agent())
 	return nil
@@ -542,6 +548,7 @@ func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
 	delete(m.boxes, rec.ID)
 	delete(m.seen, rec.ID)
 	m.mu.Unlock()
+	m.sampleOne(rec.ID, b) // the last reading, while the cgroup still counts
 	if b != nil {
 		if err := b.Stop(ctx); err != nil {
 			return fmt.Errorf("stop sandbox: %w", err)
@@ -554,6 +561,9 @@ func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
 	if err := m.put(ctx, rec); err != nil {
 		return err
 	}
+	m.mu.Lock()
+	delete(m.meters, rec.ID)
+	m.mu.Unlock()
 	m.event(rec.ID, "sandbox.stop", nil)
 	return nil
 }
@@ -597,6 +607,8 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
 	delete(m.locks, rec.ID)
+	delete(m.meters, rec.ID)
+	delete(m.seen, rec.ID)
 	m.mu.Unlock()
 	if err := m.db.DeleteSandbox(ctx, rec.ID); err != nil {
 		return err
@@ -612,12 +624,17 @@ func (m *Manager) expireLoop() {
 	defer m.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var lastSample time.Time
 	for {
 		select {
 		case <-m.stop:
 			return
 		case now := <-t.C:
 			m.stopIdle(now)
+			if now.Sub(lastSample) >= UsageInterval {
+				m.sampleUsage(now)
+				lastSample = now
+			}
 			exp, err := m.db.ExpiredSandboxes(context.Background(), now)
 			if err != nil {
 				continue
@@ -741,6 +758,7 @@ func (m *Manager) claim(ctx context.Context, req *api.CreateRequest) (*api.Sandb
 	m.mu.Lock()
 	m.boxes[rec.ID] = b
 	m.mu.Unlock()
+	m.startMeter(rec)
 	m.watch(rec.ID, b)
 	m.event(rec.ID, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image, "warm": true})
 	return &rec.Sandbox, nil, true

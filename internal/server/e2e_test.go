@@ -799,3 +799,52 @@ func TestIdleTimeout(t *testing.T) {
 	}
 	t.Fatal("idle sandbox still running 6 s after its 1 s idle timeout")
 }
+
+func TestStatsAndMetrics(t *testing.T) {
+	saved := sandbox.UsageInterval
+	sandbox.UsageInterval = 500 * time.Millisecond
+	defer func() { sandbox.UsageInterval = saved }()
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{Name: "metered", Limits: api.Limits{Memory: 256 << 20, Pids: 100}})
+	// Burn about a second of CPU and hold 64 MiB, with a file on disk.
+	e.sh(t, sb.ID, `head -c 5000000 /dev/urandom > /root/blob; python3 -c "
+import time
+a = bytearray(64 << 20)
+for i in range(0, len(a), 4096): a[i] = 1
+t = time.time()
+while time.time() - t < 1.2: pass
+time.sleep(1.5)
+"`)
+	status, b := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/stats", nil)
+	var st api.Stats
+	if status != 200 || json.Unmarshal(b, &st) != nil {
+		t.Fatalf("stats: %d %s", status, b)
+	}
+	if st.CPU.D() < time.Second || st.Memory <= 0 || st.MemoryLimit != 256<<20 || st.Pids < 1 || st.PidsLimit != 100 || st.Disk < 5000000 {
+		t.Fatalf("stats: %+v", st)
+	}
+	if st.Usage.CPUSeconds < 0.5 || st.Usage.AliveSeconds < 1 || st.Usage.ActiveSeconds < 1 || st.Usage.MemoryGiBHours <= 0 {
+		t.Fatalf("usage totals: %+v", st.Usage)
+	}
+	status, b = e.raw(t, "GET", "/metrics", nil)
+	text := string(b)
+	for _, want := range []string{`den_sandboxes{state="running"} 1`, `den_sandbox_cpu_seconds_total{id="` + sb.ID + `",name="metered"}`, "den_daemon_goroutines "} {
+		if status != 200 || !strings.Contains(text, want) {
+			t.Fatalf("metrics lack %q:\n%s", want, text)
+		}
+	}
+	// Totals survive a stop and are kept in the record.
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := e.c.Get(ctx, sb.ID)
+	if got.Usage.CPUSeconds < st.Usage.CPUSeconds || got.Usage.AliveSeconds < st.Usage.AliveSeconds {
+		t.Fatalf("totals after stop %+v, before %+v", got.Usage, st.Usage)
+	}
+	_, err := e.c.Get(ctx, "nosuch")
+	wantKind(t, err, api.KindNotFound)
+	if status, _ := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/stats", nil); status != 409 {
+		t.Fatalf("stats of a stopped sandbox: %d, want 409", status)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -95,6 +96,8 @@ func (s *Server) routes() {
 	h("GET /v1/sandboxes/{id}/processes/{proc}/wait", s.procProxy("GET", "/wait"))
 	h("GET /v1/sandboxes/{id}/sessions", s.sessionProxy("GET"))
 	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionProxy("DELETE"))
+	h("GET /v1/sandboxes/{id}/stats", s.stats)
+	h("GET /metrics", s.metrics)
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)
 	h("DELETE /v1/images/{name...}", s.removeImage)
@@ -646,4 +649,26 @@ func (s *Server) sessionProxy(method string) http.HandlerFunc {
 		}
 		s.forward(w, r, method, path, nil, nil)
 	}
+}
+
+func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
+	st, err := s.m.Stats(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, st)
+}
+
+// metrics serves Prometheus text format: per-sandbox usage from the latest
+// samples, and the daemon's own health.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	var b strings.Builder
+	s.m.Metrics(r.Context(), &b)
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(&b, "# HELP den_daemon_goroutines Goroutines of the daemon.\n# TYPE den_daemon_goroutines gauge\nden_daemon_goroutines %d\n", runtime.NumGoroutine())
+	fmt.Fprintf(&b, "# HELP den_daemon_heap_bytes Heap in use by the daemon.\n# TYPE den_daemon_heap_bytes gauge\nden_daemon_heap_bytes %d\n", ms.HeapInuse)
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	w.Write([]byte(b.String()))
 }

@@ -215,3 +215,42 @@ func (cg *cgroups) Remove(id string) error {
 	}
 	return last
 }
+
+// Usage is a box's live resource use as its cgroups count it.
+type Usage struct {
+	CPU    time.Duration // total CPU time used
+	Memory int64         // bytes in use, page cache included
+	Pids   int
+}
+
+func readInt(p string) int64 {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n
+}
+
+// Usage reads the box's counters.
+func (cg *cgroups) Usage(id string) Usage {
+	var u Usage
+	if cg.v2 {
+		d := cg.dir(id, "")
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+					n, _ := strconv.ParseInt(v, 10, 64)
+					u.CPU = time.Duration(n) * time.Microsecond
+				}
+			}
+		}
+		u.Memory = readInt(filepath.Join(d, "memory.current"))
+		u.Pids = int(readInt(filepath.Join(d, "pids.current")))
+		return u
+	}
+	u.CPU = time.Duration(readInt(filepath.Join(cg.dir(id, "cpuacct"), "cpuacct.usage")))
+	u.Memory = readInt(filepath.Join(cg.dir(id, "memory"), "memory.usage_in_bytes"))
+	u.Pids = int(readInt(filepath.Join(cg.dir(id, "pids"), "pids.current")))
+	return u
+}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -475,4 +476,30 @@ func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolat
 		close(b.done)
 	}()
 	return b, nil
+}
+
+// Stats reads the box's cgroup counters and its network namespace's
+// interface counters (through its init's /proc/PID/net/dev).
+func (b *box) Stats() (isolate.Stats, error) {
+	u := b.rt.cg.Usage(b.spec.ID)
+	st := isolate.Stats{CPU: u.CPU, Memory: u.Memory, Pids: u.Pids}
+	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", b.pid))
+	if err != nil {
+		return st, fmt.Errorf("box %s: read network counters: %w", b.spec.ID, err)
+	}
+	for _, line := range strings.Split(string(dev), "\n")[2:] {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if strings.TrimSpace(name) == "lo" || len(f) < 9 {
+			continue // loopback is the box talking to itself
+		}
+		rx, _ := strconv.ParseInt(f[0], 10, 64)
+		tx, _ := strconv.ParseInt(f[8], 10, 64)
+		st.NetRxBytes += rx
+		st.NetTxBytes += tx
+	}
+	return st, nil
 }
