@@ -57,6 +57,13 @@ var routes = []string{
 	"POST /v1/sandboxes/{id}/files/rename",
 	"GET /v1/sandboxes/{id}/archive",
 	"PUT /v1/sandboxes/{id}/archive",
+	"POST /v1/sandboxes/{id}/processes",
+	"GET /v1/sandboxes/{id}/processes",
+	"GET /v1/sandboxes/{id}/processes/{proc}",
+	"GET /v1/sandboxes/{id}/processes/{proc}/logs",
+	"POST /v1/sandboxes/{id}/processes/{proc}/kill",
+	"POST /v1/sandboxes/{id}/processes/{proc}/stdin",
+	"GET /v1/sandboxes/{id}/processes/{proc}/wait",
 	"GET /v1/images",
 	"GET /v1/images/{name}",
 	"POST /v1/images/import",
@@ -159,6 +166,12 @@ func TestRequests(t *testing.T) {
 			sb := &api.Sandbox{ID: "0123456789abcdef", Name: "web", Image: "host", State: api.StateRunning}
 			fi := &api.FileInfo{Name: "a.txt", Path: "/work/a.txt", Type: "file", Size: 3, Mode: 0o644}
 			img := &api.Image{Name: "alpine:3.20", ID: "sha256:abc", Size: 42}
+			proc := &api.ProcessInfo{ID: "p1", Pid: 42, Cmd: []string{"sleep", "9"}, State: api.ProcRunning,
+				Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
+			ended := &api.ProcessInfo{ID: "p2", Pid: 43, Cmd: []string{"true"}, State: api.ProcExited,
+				Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Ended: time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC),
+				Exit: &api.ExitStatus{Reason: api.ReasonExited, Duration: api.Duration(time.Second)}, Output: 12}
+			exit := &api.ExitStatus{ExitCode: 3, Reason: api.ReasonExited, Duration: api.Duration(2 * time.Second)}
 
 			type tc struct {
 				name   string
@@ -256,6 +269,32 @@ func TestRequests(t *testing.T) {
 					},
 					"GET", "/v1/events", "after=6&limit=10&sandbox=0123&since=2025-01-02T02%3A04%3A05Z&type=exec.", "",
 					[]*api.Event{{Seq: 7, Type: "exec.end", Time: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}}},
+				{"start process", jsonAnswer(201, proc),
+					func() (any, error) {
+						return c.StartProcess(ctx, "web", api.ExecRequest{Cmd: []string{"sleep", "9"}, Env: []string{"A=1"}, Timeout: api.Duration(time.Minute)})
+					},
+					"POST", "/v1/sandboxes/web/processes", "", `{"cmd":["sleep","9"],"env":["A=1"],"timeout":"1m0s"}`, proc},
+				{"processes", jsonAnswer(200, []*api.ProcessInfo{proc, ended}),
+					func() (any, error) { return c.Processes(ctx, "web") },
+					"GET", "/v1/sandboxes/web/processes", "", "", []*api.ProcessInfo{proc, ended}},
+				{"process", jsonAnswer(200, ended),
+					func() (any, error) { return c.Process(ctx, "web", "p2") },
+					"GET", "/v1/sandboxes/web/processes/p2", "", "", ended},
+				{"kill", nil,
+					func() (any, error) { return nil, c.Kill(ctx, "web", "p1", "TERM") },
+					"POST", "/v1/sandboxes/web/processes/p1/kill", "", `{"signal":"TERM"}`, nil},
+				{"kill default", nil,
+					func() (any, error) { return nil, c.Kill(ctx, "web", "p1", "") },
+					"POST", "/v1/sandboxes/web/processes/p1/kill", "", `{}`, nil},
+				{"stdin", nil,
+					func() (any, error) { return nil, c.WriteStdin(ctx, "web", "p1", strings.NewReader("input\n"), false) },
+					"POST", "/v1/sandboxes/web/processes/p1/stdin", "", "input\n", nil},
+				{"stdin close", nil,
+					func() (any, error) { return nil, c.WriteStdin(ctx, "web", "p1", nil, true) },
+					"POST", "/v1/sandboxes/web/processes/p1/stdin", "close=true", "", nil},
+				{"wait", jsonAnswer(200, exit),
+					func() (any, error) { return c.Wait(ctx, "web", "p1") },
+					"GET", "/v1/sandboxes/web/processes/p1/wait", "", "", exit},
 			}
 			for _, tc := range cases {
 				t.Run(tc.name, func(t *testing.T) {
@@ -499,6 +538,136 @@ func TestExecStream(t *testing.T) {
 	f.reset(jsonAnswer(404, api.ErrorDoc{Error: &api.Error{Kind: api.KindNotFound, Message: "no sandbox web"}}))
 	if _, err := c.ExecStream(ctx, "web", req, nil, nil); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("404: %v", err)
+	}
+}
+
+func TestLogs(t *testing.T) {
+	f := newFake(t, true)
+	c := New(f.host)
+	since := time.Date(2025, 1, 2, 3, 4, 5, 600, time.FixedZone("X", 3600))
+
+	// A finished process: its output, then its exit status.
+	f.reset(rawAnswer(200, api.StreamContentType, frames(t,
+		raw(api.FrameStdout, "out\n"),
+		raw(api.FrameStderr, "err"),
+		jsonFrame(api.FrameDropped, api.DroppedOutput{Bytes: 10}),
+		raw(api.FrameStdout, "more\n"),
+		jsonFrame(api.FrameExit, api.ExitStatus{ExitCode: 2, Reason: api.ReasonExited}))))
+	var stdout, stderr bytes.Buffer
+	st, err := c.Logs(ctx, "web", "p1", LogsOptions{Tail: 5, Since: since}, &stdout, &stderr)
+	if err != nil || st == nil || st.ExitCode != 2 {
+		t.Fatalf("logs of an ended process: %+v, %v", st, err)
+	}
+	if stdout.String() != "out\nmore\n" || stderr.String() != "err\n[den: 10 bytes of output dropped: the reader fell behind]\n" {
+		t.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+	r := f.last()
+	if r.Method != "GET" || r.Path != "/v1/sandboxes/web/processes/p1/logs" || r.Query != "since=2025-01-02T02%3A04%3A05.0000006Z&tail=5" {
+		t.Errorf("logs sent %s %s?%s", r.Method, r.Path, r.Query)
+	}
+	if r.Header.Get("Accept") != api.StreamContentType {
+		t.Errorf("Accept %q", r.Header.Get("Accept"))
+	}
+
+	// A running process without follow: the stream ends with no status.
+	f.reset(rawAnswer(200, api.StreamContentType, frames(t, raw(api.FrameStdout, "so far"))))
+	stdout.Reset()
+	st, err = c.Logs(ctx, "web", "p1", LogsOptions{}, &stdout, nil)
+	if err != nil || st != nil || stdout.String() != "so far" {
+		t.Errorf("logs of a running process: %+v, %v, %q", st, err, stdout.String())
+	}
+	if r := f.last(); r.Query != "" {
+		t.Errorf("logs without options sent query %q", r.Query)
+	}
+
+	// With follow the same end is an error: the process has not ended.
+	st, err = c.Logs(ctx, "web", "p1", LogsOptions{Follow: true}, nil, nil)
+	if st != nil || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("follow cut short: %+v, %v", st, err)
+	}
+	if r := f.last(); r.Query != "follow=true" {
+		t.Errorf("follow sent query %q", r.Query)
+	}
+	// A negative Tail asks for none of the retained output.
+	c.Logs(ctx, "web", "p1", LogsOptions{Follow: true, Tail: -1}, nil, nil)
+	if r := f.last(); r.Query != "follow=true&tail=0" {
+		t.Errorf("negative tail sent query %q", r.Query)
+	}
+
+	// A frame cut in the middle is an error either way.
+	cut := frames(t, raw(api.FrameStdout, "abc"))
+	f.reset(rawAnswer(200, api.StreamContentType, cut[:len(cut)-1]))
+	if _, err := c.Logs(ctx, "web", "p1", LogsOptions{}, nil, nil); err == nil || !strings.Contains(err.Error(), "logs output stream") {
+		t.Errorf("cut frame: %v", err)
+	}
+
+	// An error frame.
+	f.reset(rawAnswer(200, api.StreamContentType, frames(t, jsonFrame(api.FrameError, api.Error{Kind: api.KindConflict, Message: "sandbox stopped"}))))
+	if _, err := c.Logs(ctx, "web", "p1", LogsOptions{Follow: true}, nil, nil); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("error frame: %v", err)
+	}
+
+	// An error status.
+	f.reset(jsonAnswer(404, api.ErrorDoc{Error: &api.Error{Kind: api.KindNotFound, Message: "no process p9"}}))
+	if _, err := c.Logs(ctx, "web", "p9", LogsOptions{}, nil, nil); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("404: %v", err)
+	}
+}
+
+func TestProcessIDs(t *testing.T) {
+	f := newFake(t, false)
+	c := New(f.host)
+	f.reset(nil)
+	if err := c.WriteStdin(ctx, "web", "a/b c", strings.NewReader("x"), true); err != nil {
+		t.Fatal(err)
+	}
+	r := f.last()
+	if r.RawPath != "/v1/sandboxes/web/processes/a%2Fb%20c/stdin" || r.Query != "close=true" {
+		t.Errorf("raw path %q query %q", r.RawPath, r.Query)
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "application/octet-stream" {
+		t.Errorf("stdin Content-Type %q", ct)
+	}
+	for name, call := range map[string]func() error{
+		"process": func() error { _, err := c.Process(ctx, "web", ""); return err },
+		"logs":    func() error { _, err := c.Logs(ctx, "web", "", LogsOptions{}, nil, nil); return err },
+		"kill":    func() error { return c.Kill(ctx, "web", "", "") },
+		"stdin":   func() error { return c.WriteStdin(ctx, "web", "", nil, false) },
+		"wait":    func() error { _, err := c.Wait(ctx, "web", ""); return err },
+		"start":   func() error { _, err := c.StartProcess(ctx, "", api.ExecRequest{Cmd: []string{"x"}}); return err },
+	} {
+		if err := call(); !errors.Is(err, api.ErrInvalid) {
+			t.Errorf("%s with an empty id: %v", name, err)
+		}
+	}
+}
+
+func TestLogsFollowCancel(t *testing.T) {
+	f := newFake(t, false)
+	c := New(f.host)
+	release := make(chan struct{})
+	defer close(release)
+	f.reset(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", api.StreamContentType)
+		api.WriteFrame(w, api.FrameStdout, []byte("tick\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	cctx, cancel := context.WithCancel(ctx)
+	pr, pw := io.Pipe()
+	go func() {
+		buf := make([]byte, 5)
+		io.ReadFull(pr, buf)
+		cancel()
+		io.Copy(io.Discard, pr)
+	}()
+	_, err := c.Logs(cctx, "web", "p1", LogsOptions{Follow: true}, pw, nil)
+	pw.Close()
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled logs: %v", err)
 	}
 }
 

@@ -136,3 +136,20 @@ func ExampleClient_ImportImage() {
 		fmt.Println(img.Name, img.ID)
 	}
 }
+
+// A background process keeps running when the client leaves; its output is
+// read later, or followed until it ends.
+func ExampleClient_StartProcess() {
+	c := client.New("")
+	ctx := context.Background()
+	p, err := c.StartProcess(ctx, "web", api.ExecRequest{Cmd: []string{"python3", "-m", "http.server", "8000"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// ... later: the last 20 lines so far, then everything new until it ends.
+	st, err := c.Logs(ctx, "web", p.ID, client.LogsOptions{Tail: 20, Follow: true}, os.Stdout, os.Stderr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("ended:", st.Reason, st.ExitCode)
+}

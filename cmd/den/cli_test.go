@@ -3,8 +3,11 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,6 +17,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 )
 
 type result struct {
@@ -723,5 +727,387 @@ func TestHumanDuration(t *testing.T) {
 		if got := humanDuration(d); got != want {
 			t.Errorf("humanDuration(%v) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+// start starts a background process through den exec -d and returns its id.
+func start(t *testing.T, f *fakeDaemon, sandbox string, cmd ...string) string {
+	t.Helper()
+	r := den(t, f, "", append([]string{"exec", "-d", sandbox, "--"}, cmd...)...)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("exec -d %v: %+v", cmd, r)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+func TestExecDetach(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box"})
+	r := den(t, f, "", "exec", "-d", "box", "--", "sleep", "100")
+	if r.code != 0 || r.stdout != "p1\n" || r.stderr != "" {
+		t.Fatalf("exec -d: %+v", r)
+	}
+	if got := f.procReqs[0]; !reflect.DeepEqual(got, api.ExecRequest{Cmd: []string{"sleep", "100"}}) {
+		t.Errorf("exec -d sent %+v", got)
+	}
+	if len(f.execs) != 0 {
+		t.Errorf("exec -d ran a foreground exec: %+v", f.execs)
+	}
+
+	// Every exec flag goes into the request.
+	r = den(t, f, "", "exec", "--detach", "-e", "A=1", "-w", "/work", "-u", "nobody", "--timeout", "30s", "box", "echo", "hi")
+	if r.code != 0 || r.stdout != "p2\n" {
+		t.Errorf("exec -d with flags: %+v", r)
+	}
+	want := api.ExecRequest{Cmd: []string{"echo", "hi"}, Env: []string{"A=1"}, Workdir: "/work", User: "nobody", Timeout: api.Duration(30 * time.Second)}
+	if got := f.procReqs[1]; !reflect.DeepEqual(got, want) {
+		t.Errorf("exec -d sent %+v, want %+v", got, want)
+	}
+	// -i sends all of stdin to the process's stdin, then closes it.
+	r = den(t, f, "some input", "exec", "-di", "box", "cat")
+	if r.code != 0 || r.stdout != "p3\n" || f.procReqs[2].Stdin != nil {
+		t.Errorf("exec -di: %+v, sent %+v", r, f.procReqs[2])
+	}
+	fp := f.proc("p3")
+	f.mu.Lock()
+	if got := string(bytes.Join(fp.stdin, nil)); got != "some input" || fp.closes != 1 || fp.info.State != api.ProcExited {
+		t.Errorf("exec -di: process got stdin %q, %d closes, state %s", got, fp.closes, fp.info.State)
+	}
+	f.mu.Unlock()
+
+	r = den(t, f, "", "exec", "-d", "--json", "box", "--", "sleep", "1")
+	var p api.ProcessInfo
+	if err := json.Unmarshal([]byte(r.stdout), &p); err != nil || p.ID != "p4" || p.State != api.ProcRunning ||
+		!reflect.DeepEqual(p.Cmd, []string{"sleep", "1"}) || p.Pid == 0 {
+		t.Errorf("exec -d --json: %+v (%v)", r, err)
+	}
+
+	r = den(t, f, "", "exec", "-d", "nope", "--", "sleep")
+	if r.code != 1 || !strings.Contains(r.stderr, `no such sandbox "nope"`) || !strings.Contains(r.stderr, "den ls") {
+		t.Errorf("exec -d on a missing sandbox: %+v", r)
+	}
+	if r := den(t, f, "", "exec", "-d", "box"); r.code != 2 || !strings.Contains(r.stderr, "needs a command") {
+		t.Errorf("exec -d without a command: %+v", r)
+	}
+	// Without -d exec still runs in the foreground.
+	if r := den(t, f, "", "exec", "box", "--", "exit", "4"); r.code != 4 || len(f.procReqs) != 4 {
+		t.Errorf("exec without -d: %+v, %d process starts", r, len(f.procReqs))
+	}
+}
+
+func TestPs(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box"})
+	other := f.addSandbox(api.CreateRequest{Name: "other"})
+	p1 := start(t, f, "box", "sleep", "100")
+	p2 := start(t, f, "box", "exit", "3")
+	p3 := start(t, f, "box", "die", "TERM")
+	p4 := start(t, f, "box", "sh", "-c", "echo 'a b'")
+	start(t, f, other.ID, "sleep", "5")
+
+	r := den(t, f, "", "ps", "box")
+	if r.code != 0 {
+		t.Fatalf("ps: %+v", r)
+	}
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("ps printed %d lines:\n%s", len(lines), r.stdout)
+	}
+	for i, want := range []string{
+		`^PROC\s+PID\s+STATE\s+EXIT\s+STARTED\s+ENDED\s+COMMAND$`,
+		`^` + p1 + `\s+101\s+running\s+2 minutes ago\s+sleep 100$`,
+		`^` + p2 + `\s+102\s+exited\s+3\s+2 minutes ago\s+Less than a second ago\s+exit 3$`,
+		`^` + p3 + `\s+103\s+exited\s+SIGTERM\s+2 minutes ago\s+Less than a second ago\s+die TERM$`,
+		`^` + p4 + `\s+104\s+exited\s+failed\s+2 minutes ago\s+Less than a second ago\s+sh -c 'echo '\\''a b'\\'''$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(lines[i]) {
+			t.Errorf("ps line %d %q does not match %s", i, lines[i], want)
+		}
+	}
+
+	r = den(t, f, "", "ps", "--json", "box")
+	var list []*api.ProcessInfo
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 4 || list[0].ID != p1 || list[1].Exit == nil || list[1].Exit.ExitCode != 3 {
+		t.Errorf("ps --json: %v\n%s", err, r.stdout)
+	}
+	if r := den(t, f, "", "ps", "-q", "box"); r.stdout != strings.Join([]string{p1, p2, p3, p4}, "\n")+"\n" {
+		t.Errorf("ps -q: %+v", r)
+	}
+	fresh := f.addSandbox(api.CreateRequest{Name: "fresh"})
+	if r := den(t, f, "", "ps", "--json", fresh.ID[:6]); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("ps --json of no processes: %+v", r)
+	}
+	if r := den(t, f, "", "ps"); r.code != 2 || !strings.Contains(r.stderr, "ps needs one sandbox ID") {
+		t.Errorf("ps without an ID: %+v", r)
+	}
+	if r := den(t, f, "", "ps", "nope"); r.code != 1 || !strings.Contains(r.stderr, "hint: run `den ls` to see sandboxes") {
+		t.Errorf("ps of a missing sandbox: %+v", r)
+	}
+}
+
+func TestLogs(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box"})
+	out := start(t, f, "box", "echo", "hello")
+	if r := den(t, f, "", "logs", "box", out); r.code != 0 || r.stdout != "hello\n" || r.stderr != "" {
+		t.Errorf("logs: %+v", r)
+	}
+	if q := f.lastQuery["GET /v1/sandboxes/{id}/processes/{proc}/logs"]; q != "" {
+		t.Errorf("logs sent query %q", q)
+	}
+	errp := start(t, f, "box", "err", "oops")
+	if r := den(t, f, "", "logs", "box", errp); r.code != 0 || r.stdout != "" || r.stderr != "oops\n" {
+		t.Errorf("logs of stderr: %+v", r)
+	}
+
+	// Without -f den exits 0; with -f, with the process's code.
+	ex := start(t, f, "box", "exit", "3")
+	if r := den(t, f, "", "logs", "box", ex); r.code != 0 {
+		t.Errorf("logs of exit 3: %+v", r)
+	}
+	if r := den(t, f, "", "logs", "-f", "box", ex); r.code != 3 || r.stderr != "" {
+		t.Errorf("logs -f of exit 3: %+v", r)
+	}
+	if q := f.lastQuery["GET /v1/sandboxes/{id}/processes/{proc}/logs"]; q != "follow=true" {
+		t.Errorf("logs -f sent query %q", q)
+	}
+	for _, tc := range []struct {
+		cmd    []string
+		code   int
+		stderr string
+	}{
+		{[]string{"die", "SIGINT"}, 130, "den: command killed by signal SIGINT\n"},
+		{[]string{"timeout"}, 124, "den: command timed out after 2m0s\n"},
+		{[]string{"oom"}, 137, "den: command killed: out of memory (see --memory)\n"},
+	} {
+		p := start(t, f, "box", tc.cmd...)
+		if r := den(t, f, "", "logs", "--follow", "box", p); r.code != tc.code || r.stderr != tc.stderr {
+			t.Errorf("logs -f of %v: %+v, want %d %q", tc.cmd, r, tc.code, tc.stderr)
+		}
+	}
+
+	// A running process: without -f den prints what there is and exits.
+	sleeper := start(t, f, "box", "sleep", "100")
+	if r := den(t, f, "", "logs", "box", sleeper); r.code != 0 || r.stdout != "" {
+		t.Errorf("logs of a running process: %+v", r)
+	}
+
+	// --tail and --since.
+	before := time.Now()
+	if r := den(t, f, "", "logs", "--tail", "5", "--since", "10m", "box", out); r.code != 0 || r.stdout != "hello\n" {
+		t.Errorf("logs --tail --since: %+v", r)
+	}
+	q, err := url.ParseQuery(f.lastQuery["GET /v1/sandboxes/{id}/processes/{proc}/logs"])
+	if err != nil || q.Get("tail") != "5" || q.Has("follow") {
+		t.Errorf("logs --tail sent %v (%v)", q, err)
+	}
+	since, err := time.Parse(time.RFC3339Nano, q.Get("since"))
+	if err != nil || since.Before(before.Add(-10*time.Minute-time.Second)) || since.After(time.Now().Add(-10*time.Minute)) {
+		t.Errorf("logs --since 10m sent since=%q (%v)", q.Get("since"), err)
+	}
+	den(t, f, "", "logs", "--since", "2025-01-02T15:04:05Z", "-n", "0", "box", out)
+	if q := f.lastQuery["GET /v1/sandboxes/{id}/processes/{proc}/logs"]; q != "since=2025-01-02T15%3A04%3A05Z&tail=0" {
+		t.Errorf("logs --since TIME -n 0 sent %q", q)
+	}
+
+	// -f follows new output until the process ends.
+	cat := start(t, f, "box", "cat")
+	done := make(chan result)
+	go func() { done <- den(t, f, "", "logs", "-f", "box", cat) }()
+	cl := client.New(f.host)
+	if err := cl.WriteStdin(context.Background(), "box", cat, strings.NewReader("line 1\n"), false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("logs -f returned while the process runs: %+v", r)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := cl.WriteStdin(context.Background(), "box", cat, strings.NewReader("line 2\n"), true); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.code != 0 || r.stdout != "line 1\nline 2\n" {
+		t.Errorf("logs -f: %+v", r)
+	}
+
+	if r := den(t, f, "", "logs", "box", "p99"); r.code != 1 || !strings.Contains(r.stderr, `no process "p99"`) ||
+		!strings.Contains(r.stderr, "hint: run `den ps ID` to see the sandbox's processes") {
+		t.Errorf("logs of a missing process: %+v", r)
+	}
+	if r := den(t, f, "", "logs", "box"); r.code != 2 || !strings.Contains(r.stderr, "needs a sandbox ID and a process id") {
+		t.Errorf("logs without PROC: %+v", r)
+	}
+}
+
+func TestKillWait(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box"})
+
+	// kill sends KILL by default; wait prints and exits with the code.
+	p := start(t, f, "box", "sleep", "100")
+	if r := den(t, f, "", "kill", "box", p); r.code != 0 || r.stdout != p+"\n" {
+		t.Errorf("kill: %+v", r)
+	}
+	if f.kills[0] != "KILL" {
+		t.Errorf("kill sent signal %q", f.kills[0])
+	}
+	if r := den(t, f, "", "wait", "box", p); r.code != 137 || r.stdout != "137\n" || r.stderr != "den: command killed by signal SIGKILL\n" {
+		t.Errorf("wait after kill: %+v", r)
+	}
+
+	q := start(t, f, "box", "sleep", "100")
+	if r := den(t, f, "", "kill", "-s", "TERM", "box", q); r.code != 0 || f.kills[1] != "TERM" {
+		t.Errorf("kill -s TERM: %+v, sent %q", r, f.kills[1])
+	}
+	r := den(t, f, "", "wait", "--json", "box", q)
+	var st api.ExitStatus
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Reason != api.ReasonSignaled || st.Signal != "SIGTERM" || r.code != 143 || r.stderr != "" {
+		t.Errorf("wait --json: %+v (%v)", r, err)
+	}
+	// Killing an ended process is the daemon's conflict.
+	if r := den(t, f, "", "kill", "--signal=INT", "box", q); r.code != 1 || !strings.Contains(r.stderr, "has ended") {
+		t.Errorf("kill of an ended process: %+v", r)
+	}
+
+	ok := start(t, f, "box", "exit", "0")
+	if r := den(t, f, "", "wait", "box", ok); r.code != 0 || r.stdout != "0\n" || r.stderr != "" {
+		t.Errorf("wait of exit 0: %+v", r)
+	}
+	three := start(t, f, "box", "exit", "3")
+	if r := den(t, f, "", "wait", "box", three); r.code != 3 || r.stdout != "3\n" {
+		t.Errorf("wait of exit 3: %+v", r)
+	}
+
+	// wait blocks until the process ends.
+	s := start(t, f, "box", "sleep", "100")
+	done := make(chan result)
+	go func() { done <- den(t, f, "", "wait", "box", s) }()
+	select {
+	case r := <-done:
+		t.Fatalf("wait returned while the process runs: %+v", r)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if r := den(t, f, "", "kill", "-s", "SIGINT", "box", s); r.code != 0 {
+		t.Fatalf("kill -s SIGINT: %+v", r)
+	}
+	if r := <-done; r.code != 130 || r.stdout != "130\n" {
+		t.Errorf("wait of a process killed later: %+v", r)
+	}
+
+	// Several processes at once; a failure does not stop the others.
+	a, b := start(t, f, "box", "sleep", "1"), start(t, f, "box", "sleep", "2")
+	r = den(t, f, "", "kill", "box", a, "p99", b)
+	if r.code != 1 || r.stdout != a+"\n"+b+"\n" || !strings.Contains(r.stderr, `no process "p99"`) {
+		t.Errorf("kill of several: %+v", r)
+	}
+
+	for _, args := range [][]string{{"kill", "box"}, {"wait", "box"}, {"wait", "box", "p1", "p2"}, {"kill", "-s", "", "box", "p1"}} {
+		if r := den(t, f, "", args...); r.code != 2 {
+			t.Errorf("%q: %+v, want a usage error", args, r)
+		}
+	}
+}
+
+func TestAttach(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box"})
+
+	// Stdin goes to the process, its output to stdout; at EOF stdin is
+	// closed, cat ends and den exits 0.
+	p := start(t, f, "box", "cat")
+	r := den(t, f, "hello\nworld\n", "attach", "box", p)
+	if r.code != 0 || r.stdout != "hello\nworld\n" || r.stderr != "" {
+		t.Errorf("attach: %+v", r)
+	}
+	fp := f.proc(p)
+	f.mu.Lock()
+	if got := string(bytes.Join(fp.stdin, nil)); got != "hello\nworld\n" || fp.closes != 1 {
+		t.Errorf("process got stdin %q, %d closes", got, fp.closes)
+	}
+	f.mu.Unlock()
+
+	// Large input goes in chunks of at most 32 KiB.
+	big := strings.Repeat("0123456789abcdef", 70000/16)
+	p = start(t, f, "box", "cat")
+	r = den(t, f, big, "attach", "box", p)
+	if r.code != 0 || r.stdout != big {
+		t.Errorf("attach of %d bytes: exit %d, %d bytes out, stderr %q", len(big), r.code, len(r.stdout), r.stderr)
+	}
+	fp = f.proc(p)
+	f.mu.Lock()
+	if len(fp.stdin) < 3 || fp.closes != 1 {
+		t.Errorf("%d bytes went in %d writes, %d closes", len(big), len(fp.stdin), fp.closes)
+	}
+	for _, chunk := range fp.stdin {
+		if len(chunk) > 32<<10 {
+			t.Errorf("a stdin write of %d bytes", len(chunk))
+		}
+	}
+	f.mu.Unlock()
+
+	// Retained output is shown first; a process that ends by itself ends
+	// attach with its code, and the refused stdin is not an error.
+	p = start(t, f, "box", "exit", "4")
+	if r := den(t, f, "ignored", "attach", "box", p); r.code != 4 || r.stderr != "" {
+		t.Errorf("attach to an ended process: %+v", r)
+	}
+	p = start(t, f, "box", "echo", "earlier")
+	if r := den(t, f, "", "attach", "box", p); r.code != 0 || r.stdout != "earlier\n" {
+		t.Errorf("attach shows retained output: %+v", r)
+	}
+
+	// While stdin stays open, attach follows until the process ends.
+	p = start(t, f, "box", "sleep", "100")
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	var out, errb bytes.Buffer
+	done := make(chan int)
+	go func() { done <- run([]string{"--host", f.host, "attach", "box", p}, pr, &out, &errb) }()
+	pw.Write([]byte("typed\n"))
+	select {
+	case code := <-done:
+		t.Fatalf("attach returned while the process runs: %d %q", code, errb.String())
+	case <-time.After(50 * time.Millisecond):
+	}
+	if r := den(t, f, "", "kill", "-s", "TERM", "box", p); r.code != 0 {
+		t.Fatalf("kill: %+v", r)
+	}
+	if code := <-done; code != 143 || errb.String() != "den: command killed by signal SIGTERM\n" {
+		t.Errorf("attach to a killed process: %d %q", code, errb.String())
+	}
+	fp = f.proc(p)
+	f.mu.Lock()
+	if got := string(bytes.Join(fp.stdin, nil)); got != "typed\n" || fp.closes != 0 {
+		t.Errorf("process got stdin %q, %d closes", got, fp.closes)
+	}
+	f.mu.Unlock()
+
+	if r := den(t, f, "", "attach", "box", "p99"); r.code != 1 || !strings.Contains(r.stderr, `no process "p99"`) {
+		t.Errorf("attach to a missing process: %+v", r)
+	}
+}
+
+func TestProcessVerbsHelp(t *testing.T) {
+	r := den(t, nil, "", "help")
+	for _, v := range []*verb{verbPs, verbLogs, verbAttach, verbKill, verbWait} {
+		if !regexp.MustCompile(`(?m)^  ` + v.name + `\s+` + regexp.QuoteMeta(v.summary) + `$`).MatchString(r.stdout) {
+			t.Errorf("den help does not list %s with its summary:\n%s", v.name, r.stdout)
+		}
+		h := den(t, nil, "", "help", v.name)
+		if h.code != 0 || !strings.Contains(h.stdout, "den "+v.name+" [flags] ID PROC") && v != verbPs || !strings.Contains(h.stdout, "Example:\n  den ") {
+			t.Errorf("den help %s:\n%s", v.name, h.stdout)
+		}
+	}
+	h := den(t, nil, "", "help", "exec")
+	if !strings.Contains(h.stdout, "-d, --detach") || !strings.Contains(h.stdout, "den exec -d ") {
+		t.Errorf("den help exec does not show -d:\n%s", h.stdout)
+	}
+	for _, want := range []string{"-f, --follow", "-n, --tail N", "--since TIME"} {
+		if h := den(t, nil, "", "logs", "-h"); !strings.Contains(h.stdout, want) {
+			t.Errorf("den logs -h lacks %s", want)
+		}
+	}
+	if h := den(t, nil, "", "kill", "-h"); !strings.Contains(h.stdout, "-s, --signal SIGNAL") {
+		t.Errorf("den kill -h lacks -s")
 	}
 }

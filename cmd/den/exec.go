@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -21,9 +22,14 @@ var verbExec = &verb{
 	synopsis: "[flags] ID [--] CMD [ARG...]",
 	details: `Output is streamed as it arrives and den exits with the command's exit code
 (128+N when killed by signal N, 124 on timeout, 137 when out of memory).
-Each argument is one argv entry; for a shell line use: den exec ID -- sh -c '...'`,
+Each argument is one argv entry; for a shell line use: den exec ID -- sh -c '...'
+
+With -d the command starts in the background and den prints its process id
+(PROC) at once; the process keeps running after den exits. See den ps,
+den logs, den attach, den kill and den wait.`,
 	example: `den exec web -- make test
-		echo 'print(1)' | den exec -i web -- python3 -`,
+		echo 'print(1)' | den exec -i web -- python3 -
+		den exec -d web -- python3 -m http.server 8000`,
 	run: cmdExec,
 }
 
@@ -44,7 +50,7 @@ func (o *execOpts) define(f *flagSet, withSandbox bool) {
 	}
 	f.Var(boolValue{&o.interactive}, "interactive", "i", "", "read all of standard input and send it to the command")
 	f.Var(durationValue{&o.timeout}, "timeout", "", "DURATION", "kill the command after this long, like 30s (exit code 124)")
-	usage := "capture the output and print the result as JSON (stdout, stderr, exit status)"
+	usage := "capture the output and print the result as JSON (stdout, stderr, exit status); with -d, the started process"
 	if withSandbox {
 		usage = "print JSON: the command's captured result, or the sandbox when there is no command"
 	}
@@ -75,6 +81,29 @@ func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *e
 	return c.statusExit(st, o.timeout, false)
 }
 
+// startCommand starts cmd in the background in sandbox id and prints its
+// process id (or, with --json, the process). With -i, stdin is written to
+// the process's standard input, which is then closed.
+func (c *cli) startCommand(ctx context.Context, cl *client.Client, id string, o *execOpts, cmd []string, stdin []byte) error {
+	// stdin goes through the stdin route rather than the request, so that it
+	// is written before the input is closed.
+	req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Timeout: o.timeout}
+	p, err := cl.StartProcess(ctx, id, req)
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	if o.interactive {
+		if err := cl.WriteStdin(ctx, id, p.ID, bytes.NewReader(stdin), true); err != nil {
+			return fmt.Errorf("process %s started, but writing its standard input failed: %w", p.ID, interrupted(ctx, err))
+		}
+	}
+	if *o.jsonOut {
+		return c.printJSON(p)
+	}
+	_, err = fmt.Fprintln(c.stdout, p.ID)
+	return err
+}
+
 // interrupted turns the error of a call cut by Ctrl-C into exit code 130.
 func interrupted(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
@@ -92,8 +121,22 @@ func (*interruptError) Error() string { return "interrupted" }
 // statusExit maps how a command ended to den's exit code, printing a
 // one-line reason for anything but a normal exit.
 func (c *cli) statusExit(st *api.ExitStatus, timeout api.Duration, quiet bool) error {
-	code := st.ExitCode
-	var why string
+	code, why := exitCode(st, timeout)
+	if why != "" && !quiet {
+		fmt.Fprintf(c.stderr, "den: %s\n", why)
+	}
+	if code == 0 {
+		return nil
+	}
+	return exitError(code)
+}
+
+// exitCode maps how a command ended to den's exit code (128+N when killed
+// by signal N, 124 on timeout, 137 when out of memory, 127 or 126 when it
+// could not start) and, for anything but a normal exit, a one-line reason.
+// timeout, if set, is the timeout the command was given.
+func exitCode(st *api.ExitStatus, timeout api.Duration) (code int, why string) {
+	code = st.ExitCode
 	switch st.Reason {
 	case api.ReasonExited, "":
 	case api.ReasonSignaled:
@@ -127,13 +170,7 @@ func (c *cli) statusExit(st *api.ExitStatus, timeout api.Duration, quiet bool) e
 		}
 		why = "command ended: " + st.Reason
 	}
-	if why != "" && !quiet {
-		fmt.Fprintf(c.stderr, "den: %s\n", why)
-	}
-	if code == 0 {
-		return nil
-	}
-	return exitError(code)
+	return code, why
 }
 
 // signalName normalizes a signal as the daemon reports it ("SIGKILL",
@@ -185,6 +222,7 @@ func cmdExec(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	var o execOpts
 	o.define(f, false)
+	detach := f.Bool("detach", "d", "start the command in the background and print its process id")
 	pos, cmd, err := f.parse(args, 1, c.stdout)
 	if err != nil {
 		return err
@@ -203,7 +241,11 @@ func cmdExec(c *cli, v *verb, args []string) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	err = c.runCommand(ctx, c.client(f), pos[0], &o, cmd, stdin)
+	if *detach {
+		err = c.startCommand(ctx, c.client(f), pos[0], &o, cmd, stdin)
+	} else {
+		err = c.runCommand(ctx, c.client(f), pos[0], &o, cmd, stdin)
+	}
 	if err == interruptErr {
 		fmt.Fprintln(c.stderr, "den: interrupted")
 		return exitError(130)

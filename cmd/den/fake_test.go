@@ -54,6 +54,28 @@ type fakeDaemon struct {
 	lastQuery map[string]string // route → raw query of its last request
 	archive   []byte            // when set, GET archive answers these bytes
 	uploads   [][]string        // entry names of each PUT archive
+	procs     []*fakeProc       // background processes, in start order
+	procReqs  []api.ExecRequest // bodies of POST processes
+	kills     []string          // signals of POST kill ("" when none was given)
+}
+
+// fakeProc is a background process. Its command is one of exec's; besides,
+// "cat" copies each stdin write to stdout and exits 0 when stdin is closed,
+// and "sleep" runs until killed. The others end at once.
+type fakeProc struct {
+	info        api.ProcessInfo
+	sandbox     string
+	frames      []fakeFrame
+	stdin       [][]byte // each stdin write with bytes
+	closes      int      // stdin writes with close=true
+	stdinClosed bool
+	changed     chan struct{} // closed and replaced on every change
+	done        chan struct{} // closed when the process ends
+}
+
+type fakeFrame struct {
+	typ  byte
+	data []byte
 }
 
 type fakeSandbox struct {
@@ -105,6 +127,36 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	handle("POST /v1/sandboxes/{id}/start", f.setState(api.StateRunning))
 	handle("DELETE /v1/sandboxes/{id}", f.remove)
 	handle("POST /v1/sandboxes/{id}/exec", f.exec)
+	handle("POST /v1/sandboxes/{id}/processes", f.startProc)
+	handle("GET /v1/sandboxes/{id}/processes", f.listProcs)
+	handle("GET /v1/sandboxes/{id}/processes/{proc}", func(w http.ResponseWriter, r *http.Request) error {
+		p, err := f.findProc(r)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		info := p.info
+		f.mu.Unlock()
+		return writeJSON(w, 200, info)
+	})
+	handle("GET /v1/sandboxes/{id}/processes/{proc}/logs", f.procLogs)
+	handle("POST /v1/sandboxes/{id}/processes/{proc}/kill", f.killProc)
+	handle("POST /v1/sandboxes/{id}/processes/{proc}/stdin", f.procStdin)
+	handle("GET /v1/sandboxes/{id}/processes/{proc}/wait", func(w http.ResponseWriter, r *http.Request) error {
+		p, err := f.findProc(r)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-p.done:
+		case <-r.Context().Done():
+			return nil
+		}
+		f.mu.Lock()
+		st := p.info.Exit
+		f.mu.Unlock()
+		return writeJSON(w, 200, st)
+	})
 	handle("GET /v1/sandboxes/{id}/files/stat", f.stat)
 	handle("GET /v1/sandboxes/{id}/archive", f.download)
 	handle("PUT /v1/sandboxes/{id}/archive", f.upload)
@@ -332,32 +384,7 @@ func (f *fakeDaemon) exec(w http.ResponseWriter, r *http.Request) error {
 	if len(req.Cmd) == 0 {
 		return api.FieldError("cmd", "empty")
 	}
-	var stdout, stderr bytes.Buffer
-	st := api.ExitStatus{Reason: api.ReasonExited, Duration: api.Duration(time.Millisecond)}
-	switch args := req.Cmd[1:]; req.Cmd[0] {
-	case "echo":
-		fmt.Fprintln(&stdout, strings.Join(args, " "))
-	case "err":
-		fmt.Fprintln(&stderr, strings.Join(args, " "))
-	case "exit":
-		st.ExitCode, _ = strconv.Atoi(args[0])
-	case "cat":
-		stdout.Write(req.Stdin)
-	case "env":
-		for _, e := range append(append([]string{}, s.sb.Env...), req.Env...) {
-			fmt.Fprintln(&stdout, e)
-		}
-	case "pwd":
-		fmt.Fprintln(&stdout, req.Workdir)
-	case "die":
-		st.Reason, st.Signal, st.ExitCode = api.ReasonSignaled, args[0], -1
-	case "timeout":
-		st.Reason, st.ExitCode = api.ReasonTimeout, -1
-	case "oom":
-		st.Reason, st.ExitCode, st.Signal = api.ReasonOOM, -1, "SIGKILL"
-	default:
-		st.Reason, st.ExitCode, st.Error = api.ReasonFailed, -1, `exec: "`+req.Cmd[0]+`": executable file not found in $PATH`
-	}
+	stdout, stderr, st := s.command(req)
 	if r.Header.Get("Accept") != api.StreamContentType {
 		return writeJSON(w, 200, api.ExecResult{ExitStatus: st, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()})
 	}
@@ -370,6 +397,245 @@ func (f *fakeDaemon) exec(w http.ResponseWriter, r *http.Request) error {
 		api.WriteFrame(w, api.FrameStderr, stderr.Bytes())
 	}
 	return api.WriteJSONFrame(w, api.FrameExit, st)
+}
+
+// command runs one of the fake's commands (see fakeDaemon).
+func (s *fakeSandbox) command(req api.ExecRequest) (stdout, stderr *bytes.Buffer, st api.ExitStatus) {
+	stdout, stderr = new(bytes.Buffer), new(bytes.Buffer)
+	st = api.ExitStatus{Reason: api.ReasonExited, Duration: api.Duration(time.Millisecond)}
+	switch args := req.Cmd[1:]; req.Cmd[0] {
+	case "echo":
+		fmt.Fprintln(stdout, strings.Join(args, " "))
+	case "err":
+		fmt.Fprintln(stderr, strings.Join(args, " "))
+	case "exit":
+		st.ExitCode, _ = strconv.Atoi(args[0])
+	case "cat":
+		stdout.Write(req.Stdin)
+	case "env":
+		for _, e := range append(append([]string{}, s.sb.Env...), req.Env...) {
+			fmt.Fprintln(stdout, e)
+		}
+	case "pwd":
+		fmt.Fprintln(stdout, req.Workdir)
+	case "die":
+		st.Reason, st.Signal, st.ExitCode = api.ReasonSignaled, args[0], -1
+	case "timeout":
+		st.Reason, st.ExitCode = api.ReasonTimeout, -1
+	case "oom":
+		st.Reason, st.ExitCode, st.Signal = api.ReasonOOM, -1, "SIGKILL"
+	default:
+		st.Reason, st.ExitCode, st.Error = api.ReasonFailed, -1, `exec: "`+req.Cmd[0]+`": executable file not found in $PATH`
+	}
+	return stdout, stderr, st
+}
+
+func (f *fakeDaemon) startProc(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	var req api.ExecRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return api.Errorf(api.KindInvalid, "bad body: %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.procReqs = append(f.procReqs, req)
+	if len(req.Cmd) == 0 {
+		return api.FieldError("cmd", "empty")
+	}
+	if s.sb.State != api.StateRunning {
+		return api.Errorf(api.KindConflict, "sandbox %s is %s", s.sb.ID[:12], s.sb.State)
+	}
+	n := len(f.procs) + 1
+	p := &fakeProc{sandbox: s.sb.ID, changed: make(chan struct{}), done: make(chan struct{}),
+		info: api.ProcessInfo{ID: "p" + strconv.Itoa(n), Pid: 100 + n, Cmd: req.Cmd, State: api.ProcRunning,
+			Started: time.Now().Add(-2 * time.Minute)}}
+	f.procs = append(f.procs, p)
+	switch req.Cmd[0] {
+	case "sleep":
+	case "cat":
+		if req.Stdin != nil {
+			f.procOutput(p, api.FrameStdout, req.Stdin)
+			f.procEnd(p, api.ExitStatus{Reason: api.ReasonExited})
+		}
+	default:
+		stdout, stderr, st := s.command(req)
+		if stdout.Len() > 0 {
+			f.procOutput(p, api.FrameStdout, stdout.Bytes())
+		}
+		if stderr.Len() > 0 {
+			f.procOutput(p, api.FrameStderr, stderr.Bytes())
+		}
+		f.procEnd(p, st)
+	}
+	return writeJSON(w, 201, p.info)
+}
+
+// procOutput adds output to p. f.mu is held.
+func (f *fakeDaemon) procOutput(p *fakeProc, typ byte, b []byte) {
+	p.frames = append(p.frames, fakeFrame{typ, append([]byte(nil), b...)})
+	p.info.Output += int64(len(b))
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// procEnd ends p. f.mu is held.
+func (f *fakeDaemon) procEnd(p *fakeProc, st api.ExitStatus) {
+	st.Duration = api.Duration(2 * time.Minute)
+	p.info.State, p.info.Ended, p.info.Exit = api.ProcExited, time.Now(), &st
+	close(p.done)
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (f *fakeDaemon) findProc(r *http.Request) (*fakeProc, error) {
+	s, err := f.find(r)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.procs {
+		if p.sandbox == s.sb.ID && p.info.ID == r.PathValue("proc") {
+			return p, nil
+		}
+	}
+	return nil, api.Errorf(api.KindNotFound, "no process %q", r.PathValue("proc"))
+}
+
+// proc returns the process with id proc, for tests.
+func (f *fakeDaemon) proc(proc string) *fakeProc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.procs {
+		if p.info.ID == proc {
+			return p
+		}
+	}
+	f.t.Fatalf("no process %s", proc)
+	return nil
+}
+
+func (f *fakeDaemon) listProcs(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	list := []api.ProcessInfo{}
+	for _, p := range f.procs {
+		if p.sandbox == s.sb.ID {
+			list = append(list, p.info)
+		}
+	}
+	return writeJSON(w, 200, list)
+}
+
+// procLogs answers the retained output (the last tail frames with tail=N),
+// then with follow=true new output until the process ends, and an exit frame
+// if it has.
+func (f *fakeDaemon) procLogs(w http.ResponseWriter, r *http.Request) error {
+	p, err := f.findProc(r)
+	if err != nil {
+		return err
+	}
+	follow := r.URL.Query().Get("follow") == "true"
+	tail, _ := strconv.Atoi(r.URL.Query().Get("tail"))
+	w.Header().Set("Content-Type", api.StreamContentType)
+	api.WriteJSONFrame(w, api.FrameStarted, api.Process{ID: p.info.ID, Pid: p.info.Pid})
+	sent := 0
+	f.mu.Lock()
+	if tail > 0 && len(p.frames) > tail {
+		sent = len(p.frames) - tail
+	}
+	f.mu.Unlock()
+	for {
+		f.mu.Lock()
+		frames := p.frames[sent:]
+		sent = len(p.frames)
+		st, changed := p.info.Exit, p.changed
+		f.mu.Unlock()
+		for _, fr := range frames {
+			api.WriteFrame(w, fr.typ, fr.data)
+		}
+		if st != nil {
+			return api.WriteJSONFrame(w, api.FrameExit, st)
+		}
+		if !follow {
+			return nil
+		}
+		w.(http.Flusher).Flush()
+		select {
+		case <-changed:
+		case <-r.Context().Done():
+			return nil
+		}
+	}
+}
+
+func (f *fakeDaemon) killProc(w http.ResponseWriter, r *http.Request) error {
+	p, err := f.findProc(r)
+	if err != nil {
+		return err
+	}
+	var req api.SignalRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		return api.Errorf(api.KindInvalid, "bad body: %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.kills = append(f.kills, req.Signal)
+	if p.info.State != api.ProcRunning {
+		return api.Errorf(api.KindConflict, "process %s has ended", p.info.ID)
+	}
+	sig := strings.TrimPrefix(strings.ToUpper(req.Signal), "SIG")
+	if sig == "" {
+		sig = "KILL"
+	}
+	f.procEnd(p, api.ExitStatus{Reason: api.ReasonSignaled, Signal: "SIG" + sig, ExitCode: -1})
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (f *fakeDaemon) procStdin(w http.ResponseWriter, r *http.Request) error {
+	p, err := f.findProc(r)
+	if err != nil {
+		return err
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "application/octet-stream" {
+		return api.Errorf(api.KindInvalid, "stdin Content-Type %q", ct)
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p.info.State != api.ProcRunning || p.stdinClosed {
+		return api.Errorf(api.KindConflict, "the standard input of process %s is closed", p.info.ID)
+	}
+	if len(body) > 0 {
+		p.stdin = append(p.stdin, body)
+		if p.info.Cmd[0] == "cat" {
+			f.procOutput(p, api.FrameStdout, body)
+		}
+	}
+	if r.URL.Query().Get("close") == "true" {
+		p.closes++
+		p.stdinClosed = true
+		if p.info.Cmd[0] == "cat" {
+			f.procEnd(p, api.ExitStatus{Reason: api.ReasonExited})
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // hostPath maps a sandbox path to the fake's directory.

@@ -47,6 +47,7 @@ var verbs []*verb
 func init() {
 	verbs = []*verb{
 		verbRun, verbCreate, verbExec, verbLs, verbInspect, verbStop, verbStart, verbRm, verbCp,
+		verbPs, verbLogs, verbAttach, verbKill, verbWait,
 		verbImage, verbImageLs, verbImageImport, verbImageRm, verbImageInspect,
 		verbEvents, verbVersion, verbBench, verbServe, verbHelp,
 	}
@@ -159,6 +160,9 @@ func hint(v *verb, err error) string {
 	return h
 }
 
+// procVerbs are the verbs that name a background process.
+var procVerbs = map[string]bool{"logs": true, "attach": true, "kill": true, "wait": true}
+
 func kindHint(v *verb, e *api.Error) string {
 	name := ""
 	if v != nil {
@@ -175,6 +179,9 @@ func kindHint(v *verb, e *api.Error) string {
 		}
 		if name == "cp" && !strings.Contains(strings.ToLower(e.Message), "sandbox") {
 			return "" // a missing file, most likely
+		}
+		if procVerbs[name] && strings.Contains(strings.ToLower(e.Message), "process") {
+			return "run `den ps ID` to see the sandbox's processes"
 		}
 		return "run `den ls` to see sandboxes"
 	case api.KindUnauthorized:

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+var verbKill = &verb{
+	name:     "kill",
+	summary:  "send a signal to background processes",
+	synopsis: "[flags] ID PROC...",
+	details: `The signal goes to each process's whole process group. SIGNAL is a name
+with or without SIG (TERM, SIGINT) or a number; the default is KILL. den
+prints each PROC it signalled.`,
+	example: `den kill web p1
+		den kill -s TERM web p1 p2`,
+	run: cmdKill,
+}
+
+func cmdKill(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	signal := f.String("signal", "s", "SIGNAL", "the signal to send, like TERM, SIGINT or 9 (default KILL)")
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) < 2 {
+		return usagef(v, "kill needs a sandbox ID and a process id (PROC), like: den kill web p1")
+	}
+	sig := strings.TrimSpace(*signal)
+	if f.isSet("signal") && sig == "" {
+		return usagef(v, "bad value %q for --signal: want a signal name or number", *signal)
+	}
+	if sig == "" {
+		sig = "KILL"
+	}
+	cl := c.client(f)
+	failed := false
+	for _, proc := range pos[1:] {
+		if err := cl.Kill(context.Background(), pos[0], proc, sig); err != nil {
+			c.report(v, err)
+			failed = true
+			continue
+		}
+		fmt.Fprintln(c.stdout, proc)
+	}
+	if failed {
+		return exitError(1)
+	}
+	return nil
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/den-dev/den/api"
+)
+
+var verbPs = &verb{
+	name:     "ps",
+	summary:  "list a sandbox's background processes",
+	synopsis: "[flags] ID",
+	details: `Lists the processes started with den exec -d, running and recently finished,
+oldest first. EXIT is the exit code, or the signal, timeout, oom or failed.`,
+	example: `den ps web
+		den ps --json web`,
+	run: cmdPs,
+}
+
+func cmdPs(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	quiet := f.Bool("quiet", "q", "print only process ids")
+	jsonOut := f.jsonFlag("print the processes as a JSON array")
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef(v, "ps needs one sandbox ID")
+	}
+	list, err := c.client(f).Processes(context.Background(), pos[0])
+	if err != nil {
+		return err
+	}
+	sort.SliceStable(list, func(i, j int) bool { return list[i].Started.Before(list[j].Started) })
+	switch {
+	case *jsonOut:
+		if list == nil {
+			return c.printJSON([]any{})
+		}
+		return c.printJSON(list)
+	case *quiet:
+		for _, p := range list {
+			fmt.Fprintln(c.stdout, p.ID)
+		}
+		return nil
+	}
+	tw := newTable(c.stdout)
+	fmt.Fprintln(tw, "PROC\tPID\tSTATE\tEXIT\tSTARTED\tENDED\tCOMMAND")
+	now := time.Now()
+	for _, p := range list {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Pid, p.State, exitText(p.Exit),
+			ago(p.Started, now), ago(p.Ended, now), benchQuote(p.Cmd))
+	}
+	return tw.Flush()
+}
+
+// exitText is how a process ended, for the EXIT column: the exit code, the
+// signal that killed it, or the reason; "" while it runs.
+func exitText(st *api.ExitStatus) string {
+	if st == nil {
+		return ""
+	}
+	switch st.Reason {
+	case api.ReasonExited, "":
+		return strconv.Itoa(st.ExitCode)
+	case api.ReasonSignaled:
+		name, _ := signalName(st.Signal)
+		return name
+	}
+	return st.Reason
+}
