@@ -92,6 +92,11 @@ type ExecRequest struct {
 	// again, with backoff, when it ends, and again when the sandbox starts.
 	Restart string `json:"restart,omitempty"`
 	Name    string `json:"name,omitempty"`
+	// TTY starts a background process on a terminal of the given size;
+	// attach to it with the WebSocket at .../processes/{proc}/tty.
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 }
 
 // Exit reasons.
@@ -251,4 +256,21 @@ type Stats struct {
 	NetRxBytes  int64    `json:"net_rx_bytes"`
 	NetTxBytes  int64    `json:"net_tx_bytes"`
 	Usage       Usage    `json:"usage"`
+}
+
+// MaxTTYMessage bounds one WebSocket message on a terminal connection.
+const MaxTTYMessage = 1 << 20
+
+// TTYControl is a text message on a terminal WebSocket: from the client a
+// resize or a signal, from the server the exit status as the last message.
+type TTYControl struct {
+	Resize *WindowSize `json:"resize,omitempty"`
+	Signal string      `json:"signal,omitempty"`
+	Exit   *ExitStatus `json:"exit,omitempty"`
+}
+
+// WindowSize is a terminal's size in characters.
+type WindowSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }

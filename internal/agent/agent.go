@@ -97,6 +97,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("POST /procs/{id}/signal", a.handleSignal)
 	mux.HandleFunc("POST /procs/{id}/stdin", a.handleStdin)
 	mux.HandleFunc("GET /procs/{id}/wait", a.handleWait)
+	mux.HandleFunc("GET /procs/{id}/tty", a.handleTTY)
 	return mux
 }
 

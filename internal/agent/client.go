@@ -41,6 +41,9 @@ func UnixClient(sock string) *Client {
 	})
 }
 
+// HTTP is the client's HTTP client, for protocols layered on it (WebSocket).
+func (c *Client) HTTP() *http.Client { return c.hc }
+
 // Close drops idle connections.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 

@@ -32,6 +32,10 @@ type ExecSpec struct {
 	Restart string `json:"restart,omitempty"`
 	// Name names a background process; unique among running ones.
 	Name string `json:"name,omitempty"`
+	// TTY runs the process on a terminal of Rows x Cols.
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 }
 
 type resolved struct {
@@ -48,6 +52,8 @@ type resolved struct {
 	stdoutRing, stderrRing *ring
 	keepRings              bool
 	name                   string
+	tty                    bool
+	rows, cols             uint16
 }
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -90,6 +96,7 @@ func (a *Agent) resolve(s *ExecSpec) (*resolved, error) {
 		path: p, argv: s.Argv, env: env, dir: dir,
 		uid: u.uid, gid: u.gid, groups: u.groups,
 		stdin: s.Stdin, stdinOpen: s.StdinOpen, timeout: s.Timeout,
+		tty: s.TTY, rows: s.Rows, cols: s.Cols,
 	}, nil
 }
 

@@ -150,6 +150,7 @@ type Process struct {
 	timedOut    bool
 	name        string
 	service     *service // nil for plain processes
+	tty         bool     // stdinW is a terminal's master side
 }
 
 // Done is closed when the process has exited and its output is complete.
@@ -212,40 +213,58 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 		return nil, fmt.Errorf("open /dev/null: %w", err)
 	}
 	defer devnull.Close()
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("stdout pipe: %w", err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, fmt.Errorf("stderr pipe: %w", err)
-	}
-	stdin := devnull
-	var inW *os.File
-	if spec.stdin != nil || spec.stdinOpen {
-		var inR *os.File
-		inR, inW, err = os.Pipe()
-		if err != nil {
-			outR.Close()
-			outW.Close()
-			errR.Close()
-			errW.Close()
-			return nil, fmt.Errorf("stdin pipe: %w", err)
+	var outR, outW, errR, errW, inW, stdin *os.File
+	closeAll := func() {
+		for _, f := range []*os.File{outR, outW, errR, errW, inW, stdin} {
+			if f != nil && f != devnull {
+				f.Close()
+			}
 		}
-		defer inR.Close()
-		stdin = inR
+	}
+	sys := &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: spec.uid, Gid: spec.gid, Groups: spec.groups},
+	}
+	if spec.tty {
+		// One terminal for all three streams; the command leads a new
+		// session with it as controlling terminal, so job control and ^C work.
+		master, slave, err := openPty(spec.rows, spec.cols)
+		if err != nil {
+			return nil, err
+		}
+		outR, outW, stdin = master, slave, slave
+		if inW, err = dupFile(master); err != nil {
+			closeAll()
+			return nil, err
+		}
+		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+	} else {
+		sys.Setpgid = true
+		if outR, outW, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("stdout pipe: %w", err)
+		}
+		if errR, errW, err = os.Pipe(); err != nil {
+			closeAll()
+			return nil, fmt.Errorf("stderr pipe: %w", err)
+		}
+		stdin = devnull
+		if spec.stdin != nil || spec.stdinOpen {
+			var inR *os.File
+			if inR, inW, err = os.Pipe(); err != nil {
+				closeAll()
+				return nil, fmt.Errorf("stdin pipe: %w", err)
+			}
+			stdin = inR
+		}
+	}
+	childErr := errW
+	if childErr == nil {
+		childErr = outW
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   spec.dir,
 		Env:   spec.env,
-		Files: []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()},
-		Sys: &syscall.SysProcAttr{
-			Setpgid:    true,
-			Credential: &syscall.Credential{Uid: spec.uid, Gid: spec.gid, Groups: spec.groups},
-			Pdeathsig:  0,
-		},
+		Files: []uintptr{stdin.Fd(), outW.Fd(), childErr.Fd()},
+		Sys:   sys,
 	}
 	if spec.stdoutRing == nil {
 		spec.stdoutRing, spec.stderrRing = newRing(a.opts.OutputLimit), newRing(a.opts.OutputLimit)
@@ -258,17 +277,19 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 		stdinW:  inW,
 		done:    make(chan struct{}),
 		Started: time.Now(),
+		tty:     spec.tty,
 	}
 	var wait chan exitInfo
 	pid, err := a.launch.start(spec.path, spec.argv, attr, func(pid int) { wait = registerPid(pid) })
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		outR.Close()
-		errR.Close()
-		if inW != nil {
-			inW.Close()
+	// The child has its ends now.
+	for _, f := range []*os.File{outW, errW, stdin} {
+		if f != nil && f != devnull {
+			f.Close()
 		}
+	}
+	outW, errW, stdin = nil, nil, nil
+	if err != nil {
+		closeAll()
 		return nil, err
 	}
 	p.Pid = pid
@@ -293,9 +314,12 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 		})
 	}
 	pumps := sync.WaitGroup{}
-	pumps.Add(2)
+	pumps.Add(1)
 	go pump(outR, p.stdout, &pumps)
-	go pump(errR, p.stderr, &pumps)
+	if errR != nil {
+		pumps.Add(1)
+		go pump(errR, p.stderr, &pumps)
+	}
 	go func() {
 		info := <-wait
 		if timer != nil {
@@ -309,7 +333,9 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 		case <-drained:
 		case <-time.After(outputGrace):
 			outR.SetReadDeadline(time.Now())
-			errR.SetReadDeadline(time.Now())
+			if errR != nil {
+				errR.SetReadDeadline(time.Now())
+			}
 			<-drained
 		}
 		p.mu.Lock()

@@ -60,8 +60,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 	if err := validateExec(&req); err != nil {
 		return nil, err
 	}
-	if req.Restart != "" || req.Name != "" {
-		return nil, api.FieldError("restart", "restart and name apply to background processes (POST .../processes, den exec -d)")
+	if req.Restart != "" || req.Name != "" || req.TTY {
+		return nil, api.FieldError("restart", "restart, name and tty apply to background processes (POST .../processes, den exec -d or -it)")
 	}
 	ag, sb, err := m.Agent(ctx, id)
 	if err != nil {
@@ -146,7 +146,7 @@ func (m *Manager) execSpec(ctx context.Context, sb *api.Sandbox, req *api.ExecRe
 	spec = &agent.ExecSpec{
 		Argv: argv, Env: append(append([]string{}, env...), req.Env...), Dir: dir, User: user,
 		Stdin: req.Stdin, Timeout: req.Timeout.D(), Session: req.Session,
-		Restart: req.Restart, Name: req.Name,
+		Restart: req.Restart, Name: req.Name, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols,
 	}
 	return spec, argv, user
 }

@@ -94,6 +94,7 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/processes/{proc}/kill", s.procProxy("POST", "/signal"))
 	h("POST /v1/sandboxes/{id}/processes/{proc}/stdin", s.procProxy("POST", "/stdin"))
 	h("GET /v1/sandboxes/{id}/processes/{proc}/wait", s.procProxy("GET", "/wait"))
+	h("GET /v1/sandboxes/{id}/processes/{proc}/tty", s.tty)
 	h("GET /v1/sandboxes/{id}/sessions", s.sessionProxy("GET"))
 	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionProxy("DELETE"))
 	h("GET /v1/sandboxes/{id}/stats", s.stats)
