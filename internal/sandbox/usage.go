@@ -112,12 +112,13 @@ func (m *Manager) usageOf(id string) (api.Usage, bool) {
 	return api.Usage{}, false
 }
 
-// startMeter begins accounting for a running sandbox from its saved totals.
+// startMeter begins accounting for a sandbox that just booted: its
+// counters start at zero now.
 func (m *Manager) startMeter(rec *record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.meters[rec.ID] == nil {
-		m.meters[rec.ID] = &meter{total: rec.Usage}
+		m.meters[rec.ID] = &meter{total: rec.Usage, sampled: time.Now()}
 	}
 }
 
@@ -136,6 +137,7 @@ func (m *Manager) Stats(ctx context.Context, id string) (*api.Stats, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.sample(sb.ID, b, time.Now()) // bring the totals up to this moment
 	out := &api.Stats{
 		ID: sb.ID, CPU: api.Duration(s.CPU), Memory: api.Size(s.Memory), MemoryLimit: sb.Limits.Memory,
 		Pids: s.Pids, PidsLimit: sb.Limits.Pids, NetRxBytes: s.NetRxBytes, NetTxBytes: s.NetTxBytes,
