@@ -10,6 +10,7 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/store"
 )
 
 // MaxStdin bounds the stdin bytes carried in one exec request.
@@ -80,6 +81,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 	}
 	defer rc.Close()
 	fr := api.NewFrameReader(rc)
+	proc := ""
 	for {
 		typ, p, err := fr.Next()
 		if err != nil {
@@ -100,10 +102,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 			if st.Signal == "SIGKILL" && st.Reason != api.ReasonTimeout && b.OOMKills() > oomBefore {
 				st.Reason, st.ExitCode = api.ReasonOOM, 137
 			}
-			m.event(sb.ID, "exec.end", map[string]any{
-				"cmd": argv, "user": user, "exit_code": st.ExitCode, "reason": st.Reason,
-				"signal": st.Signal, "duration": st.Duration, "cpu": st.CPU, "max_rss": st.MaxRSS,
-			})
+			m.event(sb.ID, "exec.end", execEnd(proc, argv, user, &st))
 			return &st, nil
 		case api.FrameError:
 			var ae api.Error
@@ -112,10 +111,66 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 			}
 			return nil, &ae
 		default:
+			if typ == api.FrameStarted {
+				var sp api.Process
+				if json.Unmarshal(p, &sp) == nil && sp.ID != "" {
+					proc = sp.ID
+					// Recorded first, so an exec cut off by a daemon crash
+					// is still accounted for when the next daemon starts.
+					m.event(sb.ID, "exec.start", map[string]any{"process": proc, "cmd": argv, "user": user})
+				}
+			}
 			if err := out(typ, p); err != nil {
 				return nil, err
 			}
 		}
+	}
+}
+
+func execEnd(proc string, argv []string, user string, st *api.ExitStatus) map[string]any {
+	return map[string]any{
+		"process": proc, "cmd": argv, "user": user, "exit_code": st.ExitCode, "reason": st.Reason,
+		"signal": st.Signal, "duration": st.Duration, "cpu": st.CPU, "max_rss": st.MaxRSS,
+	}
+}
+
+// settleExecs records the end of every exec whose stream a previous daemon
+// lost: an exec.start without an exec.end whose process the agent reports
+// (finished, or still running, in which case a watcher records it later).
+func (m *Manager) settleExecs(ctx context.Context, id string, ag *agent.Client) {
+	evs, err := m.db.Events(ctx, store.EventFilter{Sandbox: id, Type: "exec."})
+	if err != nil {
+		return
+	}
+	open := map[string][]string{}
+	for _, e := range evs {
+		var d struct {
+			Process string   `json:"process"`
+			Cmd     []string `json:"cmd"`
+		}
+		if json.Unmarshal(e.Data, &d) != nil || d.Process == "" {
+			continue
+		}
+		if e.Type == "exec.start" {
+			open[d.Process] = d.Cmd
+		} else if e.Type == "exec.end" {
+			delete(open, d.Process)
+		}
+	}
+	for proc, argv := range open {
+		var info api.ProcessInfo
+		if err := ag.JSON(ctx, "GET", "/procs/"+proc, nil, nil, &info); err != nil {
+			continue // forgotten by the agent: nothing more to learn
+		}
+		go func(proc string, argv []string) {
+			var st api.ExitStatus
+			if err := ag.JSON(context.Background(), "GET", "/procs/"+proc+"/wait", nil, nil, &st); err != nil {
+				return
+			}
+			d := execEnd(proc, argv, "", &st)
+			d["recovered"] = true
+			m.event(id, "exec.end", d)
+		}(proc, argv)
 	}
 }
 

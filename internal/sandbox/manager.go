@@ -184,6 +184,7 @@ func (m *Manager) recover(ctx context.Context) error {
 					m.boxes[rec.ID] = b
 					m.meters[rec.ID] = &meter{total: rec.Usage}
 					m.watch(rec.ID, b)
+					m.settleExecs(ctx, rec.ID, b.Agent())
 					continue
 				}
 			}

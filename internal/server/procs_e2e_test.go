@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"path/filepath"
+
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/image"
 )
 
 // raw sends one request to the daemon and returns status and body.
@@ -336,5 +341,73 @@ func TestServices(t *testing.T) {
 	}
 	if len(all) != 2 || web2 == nil || web2.State != api.ProcRunning || web2.Restart != "always" {
 		t.Fatalf("after start, processes: %s", b)
+	}
+}
+
+// The daemon dies in the middle of 100 running execs: afterwards every one
+// is accounted for, with its output, exit status and an exec.end event.
+func TestCrashMidExecs(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{})
+	const n = 100
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			_, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: fmt.Sprintf("sleep 1; echo out-%d", i)})
+			errs <- err
+		}(i)
+	}
+	// Wait until all 100 are running, then cut the daemon off.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, b := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/processes", nil)
+		var ps []api.ProcessInfo
+		json.Unmarshal(b, &ps)
+		if len(ps) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d execs started", len(ps))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.http.Close() // in-flight exec streams break, as with kill -9
+	e.m.Close()
+	failed := 0
+	for i := 0; i < n; i++ {
+		if <-errs != nil {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Fatal("the crash cut no exec short; the test did not test anything")
+	}
+	imgs, _ := image.NewStore(filepath.Join(e.data, "images"))
+	e.start(t, imgs)
+	_, b := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/processes", nil)
+	var ps []api.ProcessInfo
+	json.Unmarshal(b, &ps)
+	if len(ps) != n {
+		t.Fatalf("after the crash the agent lists %d processes, want %d", len(ps), n)
+	}
+	for _, p := range ps {
+		_, lb := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/processes/"+p.ID+"/logs?follow=true", nil)
+		out, _, _, exit := logs(t, lb)
+		if !strings.HasPrefix(out, "out-") || exit == nil || exit.ExitCode != 0 {
+			t.Fatalf("%s: output %q exit %+v", p.ID, out, exit)
+		}
+	}
+	// Every exec has its end in the event log, the lost ones marked recovered.
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: sb.ID, Type: "exec.end"})
+		if len(evs) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d exec.end events, want %d (%d execs were cut off)", len(evs), n, failed)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
