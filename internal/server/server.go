@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -670,6 +671,24 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	runtime.ReadMemStats(&ms)
 	fmt.Fprintf(&b, "# HELP den_daemon_goroutines Goroutines of the daemon.\n# TYPE den_daemon_goroutines gauge\nden_daemon_goroutines %d\n", runtime.NumGoroutine())
 	fmt.Fprintf(&b, "# HELP den_daemon_heap_bytes Heap in use by the daemon.\n# TYPE den_daemon_heap_bytes gauge\nden_daemon_heap_bytes %d\n", ms.HeapInuse)
+	if rss := selfRSS(); rss > 0 {
+		fmt.Fprintf(&b, "# HELP den_daemon_rss_bytes Resident memory of the daemon.\n# TYPE den_daemon_rss_bytes gauge\nden_daemon_rss_bytes %d\n", rss)
+	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	w.Write([]byte(b.String()))
+}
+
+// selfRSS is this process's resident set size in bytes (0 if unknown).
+func selfRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
