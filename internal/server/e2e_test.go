@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -846,5 +847,36 @@ time.sleep(1.5)
 	wantKind(t, err, api.KindNotFound)
 	if status, _ := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/stats", nil); status != 409 {
 		t.Fatalf("stats of a stopped sandbox: %d, want 409", status)
+	}
+}
+
+// After a host reboot (every sandbox process gone while no daemon ran),
+// sandboxes come back stopped with their files, and start again.
+func TestRebootLeavesStoppedSandboxes(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{Name: "survivor"})
+	e.sh(t, sb.ID, "echo precious > /root/work.txt")
+	e.stop()
+	if err := syscall.Kill(sb.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", sb.Pid)); err != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	imgs, _ := image.NewStore(filepath.Join(e.data, "images"))
+	e.start(t, imgs)
+	got, err := e.c.Get(ctx, sb.ID)
+	if err != nil || got.State != api.StateStopped {
+		t.Fatalf("after reboot: %+v %v", got, err)
+	}
+	if _, err := e.c.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh(t, sb.ID, "cat /root/work.txt"); string(r.Stdout) != "precious\n" {
+		t.Fatalf("files after reboot: %q", r.Stdout)
 	}
 }
