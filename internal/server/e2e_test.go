@@ -689,6 +689,15 @@ func TestDaemonRestartReattaches(t *testing.T) {
 	if out, _, _, exit := logs(t, b); out != "before\ngot x\n" || exit == nil || exit.ExitCode != 0 {
 		t.Fatalf("logs after restart: %q %+v", out, exit)
 	}
+	// A reattached sandbox stops like any other.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatalf("stop after reattach: %v", err)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", got.Pid)); err == nil {
+		t.Fatal("the reattached sandbox's init survived stop")
+	}
 }
 
 func TestWarmPool(t *testing.T) {

@@ -457,7 +457,6 @@ func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolat
 		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
 	}
 	b := &box{rt: r, spec: spec, pid: pid, done: make(chan struct{})}
-	b.kill = func() error { return unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) }
 	b.ag = agent.UnixClient(filepath.Join(r.boxRun(spec.ID), "agent.sock"))
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -465,14 +464,22 @@ func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolat
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("box %s: agent does not answer: %w", spec.ID, err)
 	}
+	// Wait for the init's end through the runtime's poller (no thread per
+	// box): a pidfd becomes readable when its process exits.
+	unix.SetNonblock(pidfd, true)
+	pf := os.NewFile(uintptr(pidfd), "pidfd")
+	rc, err := pf.SyscallConn()
+	if err != nil {
+		pf.Close()
+		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
+	}
+	b.kill = func() error { return unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) }
 	go func() {
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-		for {
-			if _, err := unix.Poll(fds, -1); err != unix.EINTR {
-				break
-			}
-		}
-		unix.Close(pidfd)
+		rc.Read(func(fd uintptr) bool {
+			n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+			return n > 0
+		})
+		pf.Close()
 		close(b.done)
 	}()
 	return b, nil
