@@ -40,7 +40,9 @@ type docRoute struct {
 	body, answer string // the other two columns
 }
 
-var routeRow = regexp.MustCompile("^\\|\\s*`([A-Z]+) (/v1/[^`]*)`\\s*\\|")
+// routeRow matches a route table row: the versioned routes and the few
+// unversioned ones (GET /metrics).
+var routeRow = regexp.MustCompile("^\\|\\s*`([A-Z]+) (/[^`]*)`\\s*\\|")
 
 func docRoutes(t *testing.T) []docRoute {
 	t.Helper()
@@ -116,13 +118,17 @@ func TestOpenAPIRoutesMatchDocs(t *testing.T) {
 }
 
 // TestOpenAPIRouteDetails checks each documented route's status code, its
-// JSON body and answer schema, and its path parameters.
+// JSON body and answer schema, and its path parameters. A route whose answer
+// the docs describe as a WebSocket must answer 101, and the type the docs
+// name is then that of its text messages, given in the operation's
+// x-websocket extension.
 func TestOpenAPIRouteDetails(t *testing.T) {
 	doc := openAPIDoc(t)
 	paths := obj(doc["paths"])
 	typeName := regexp.MustCompile("`(\\[?)([A-Z][A-Za-z]*)(\\]?)`")
 	status := regexp.MustCompile(`^([0-9]{3})\b`)
 	pathParam := regexp.MustCompile(`\{([a-z]+)\}`)
+	mediaType := regexp.MustCompile("`((?:application|text)/[a-z0-9.+-]+)`")
 	for _, r := range docRoutes(t) {
 		item := obj(paths[r.path])
 		op := obj(item[strings.ToLower(r.method)])
@@ -134,6 +140,10 @@ func TestOpenAPIRouteDetails(t *testing.T) {
 		if m := status.FindStringSubmatch(r.answer); m != nil {
 			code = m[1]
 		}
+		websocket := strings.HasPrefix(r.answer, "WebSocket")
+		if websocket {
+			code = "101"
+		}
 		resps := obj(op["responses"])
 		if resps[code] == nil {
 			t.Errorf("%s: docs say %s, the document has no %s response", name, code, code)
@@ -143,9 +153,39 @@ func TestOpenAPIRouteDetails(t *testing.T) {
 				t.Errorf("%s: document has success response %s, docs say %s", name, c, code)
 			}
 		}
-		if m := typeName.FindStringSubmatch(r.answer); m != nil {
+		if websocket {
+			ws := obj(op["x-websocket"])
+			if ws == nil {
+				t.Errorf("%s: a WebSocket route without an x-websocket extension", name)
+			} else if n, _ := ws["maxMessageBytes"].(float64); n != MaxTTYMessage {
+				t.Errorf("%s: x-websocket.maxMessageBytes = %v, want %d", name, ws["maxMessageBytes"], MaxTTYMessage)
+			}
+			if m := typeName.FindStringSubmatch(r.answer); m != nil {
+				checkSchemaRef(t, name+" text messages", obj(ws["text"]), m[2], m[1] == "[")
+			}
+			if c := obj(resps[code])["content"]; c != nil {
+				t.Errorf("%s: the 101 answer has content %v; its messages belong in x-websocket", name, keys(obj(c)))
+			}
+		} else if m := typeName.FindStringSubmatch(r.answer); m != nil {
 			s := obj(obj(obj(obj(resps[code])["content"])["application/json"])["schema"])
 			checkSchemaRef(t, name+" answer", s, m[2], m[1] == "[")
+		}
+		// Answers that are not JSON: a media type the docs name, and
+		// Prometheus text.
+		content := obj(obj(resps[code])["content"])
+		for _, m := range mediaType.FindAllStringSubmatch(r.answer, -1) {
+			if content[m[1]] == nil {
+				t.Errorf("%s: docs name %s, the %s answer has %v", name, m[1], code, keys(content))
+			}
+		}
+		if strings.HasPrefix(r.answer, "Prometheus text") {
+			ok := false
+			for ct := range content {
+				ok = ok || strings.HasPrefix(ct, "text/plain")
+			}
+			if !ok || content["application/json"] != nil {
+				t.Errorf("%s: docs say Prometheus text, the %s answer has %v", name, code, keys(content))
+			}
 		}
 		if m := typeName.FindStringSubmatch(r.body); m != nil {
 			s := obj(obj(obj(obj(op["requestBody"])["content"])["application/json"])["schema"])
@@ -355,6 +395,13 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"ErrorDoc":      ErrorDoc{},
 		"Process":       Process{},
 		"DroppedOutput": DroppedOutput{},
+		"ProcessInfo":   ProcessInfo{},
+		"SignalRequest": SignalRequest{},
+		"Usage":         Usage{},
+		"Stats":         Stats{},
+		"Session":       Session{},
+		"TTYControl":    TTYControl{},
+		"WindowSize":    WindowSize{},
 	}
 	for name, v := range types {
 		s := obj(schemas[name])
@@ -380,7 +427,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 	}
 
 	// The server rejects unknown fields in request bodies.
-	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "Limits"} {
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits"} {
 		if obj(schemas[name])["additionalProperties"] != false {
 			t.Errorf("request schema %s: want additionalProperties: false", name)
 		}
