@@ -64,6 +64,10 @@ var routes = []string{
 	"POST /v1/sandboxes/{id}/processes/{proc}/kill",
 	"POST /v1/sandboxes/{id}/processes/{proc}/stdin",
 	"GET /v1/sandboxes/{id}/processes/{proc}/wait",
+	"GET /v1/sandboxes/{id}/sessions",
+	"DELETE /v1/sandboxes/{id}/sessions/{name}",
+	"GET /v1/sandboxes/{id}/stats",
+	"GET /metrics",
 	"GET /v1/images",
 	"GET /v1/images/{name}",
 	"POST /v1/images/import",
@@ -172,6 +176,10 @@ func TestRequests(t *testing.T) {
 				Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Ended: time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC),
 				Exit: &api.ExitStatus{Reason: api.ReasonExited, Duration: api.Duration(time.Second)}, Output: 12}
 			exit := &api.ExitStatus{ExitCode: 3, Reason: api.ReasonExited, Duration: api.Duration(2 * time.Second)}
+			session := &api.Session{Name: "s1", Pid: 12, Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Busy: true}
+			stats := &api.Stats{ID: "0123456789abcdef", CPU: api.Duration(1500 * time.Millisecond), Memory: 10 << 20,
+				MemoryLimit: 512 << 20, Pids: 3, PidsLimit: 100, Disk: 4096, NetRxBytes: 10, NetTxBytes: 20,
+				Usage: api.Usage{CPUSeconds: 12.5, MemoryGiBHours: 0.25, AliveSeconds: 3600, ActiveSeconds: 60, EgressBytes: 20}}
 
 			type tc struct {
 				name   string
@@ -295,6 +303,34 @@ func TestRequests(t *testing.T) {
 				{"wait", jsonAnswer(200, exit),
 					func() (any, error) { return c.Wait(ctx, "web", "p1") },
 					"GET", "/v1/sandboxes/web/processes/p1/wait", "", "", exit},
+				{"start service", jsonAnswer(201, proc),
+					func() (any, error) {
+						return c.StartProcess(ctx, "web", api.ExecRequest{Cmd: []string{"srv"}, Restart: "on-failure", Name: "api"})
+					},
+					"POST", "/v1/sandboxes/web/processes", "", `{"cmd":["srv"],"restart":"on-failure","name":"api"}`, proc},
+				{"start tty", jsonAnswer(201, proc),
+					func() (any, error) {
+						return c.StartProcess(ctx, "web", api.ExecRequest{Cmd: []string{"bash"}, TTY: true, Rows: 40, Cols: 120})
+					},
+					"POST", "/v1/sandboxes/web/processes", "", `{"cmd":["bash"],"tty":true,"rows":40,"cols":120}`, proc},
+				{"session exec", jsonAnswer(200, api.ExecResult{ExitStatus: api.ExitStatus{Reason: api.ReasonExited}}),
+					func() (any, error) {
+						return c.Exec(ctx, "web", api.ExecRequest{Shell: "cd src", Session: "s1"})
+					},
+					"POST", "/v1/sandboxes/web/exec", "", `{"shell":"cd src","session":"s1"}`,
+					&api.ExecResult{ExitStatus: api.ExitStatus{Reason: api.ReasonExited}}},
+				{"sessions", jsonAnswer(200, []*api.Session{session}),
+					func() (any, error) { return c.Sessions(ctx, "web") },
+					"GET", "/v1/sandboxes/web/sessions", "", "", []*api.Session{session}},
+				{"close session", nil,
+					func() (any, error) { return nil, c.CloseSession(ctx, "web", "s 1") },
+					"DELETE", "/v1/sandboxes/web/sessions/s 1", "", "", nil},
+				{"stats", jsonAnswer(200, stats),
+					func() (any, error) { return c.Stats(ctx, "web") },
+					"GET", "/v1/sandboxes/web/stats", "", "", stats},
+				{"metrics", rawAnswer(200, "text/plain; version=0.0.4", "den_sandboxes{state=\"running\"} 1\n"),
+					func() (any, error) { return c.Metrics(ctx) },
+					"GET", "/metrics", "", "", "den_sandboxes{state=\"running\"} 1\n"},
 			}
 			for _, tc := range cases {
 				t.Run(tc.name, func(t *testing.T) {

@@ -814,7 +814,7 @@ func TestPs(t *testing.T) {
 		t.Fatalf("ps printed %d lines:\n%s", len(lines), r.stdout)
 	}
 	for i, want := range []string{
-		`^PROC\s+PID\s+STATE\s+EXIT\s+STARTED\s+ENDED\s+COMMAND$`,
+		`^PROC\s+NAME\s+PID\s+STATE\s+EXIT\s+RESTARTS\s+STARTED\s+ENDED\s+COMMAND$`,
 		`^` + p1 + `\s+101\s+running\s+2 minutes ago\s+sleep 100$`,
 		`^` + p2 + `\s+102\s+exited\s+3\s+2 minutes ago\s+Less than a second ago\s+exit 3$`,
 		`^` + p3 + `\s+103\s+exited\s+SIGTERM\s+2 minutes ago\s+Less than a second ago\s+die TERM$`,

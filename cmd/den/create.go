@@ -12,6 +12,7 @@ var verbCreate = &verb{
 	summary:  "create a sandbox and print its id",
 	synopsis: "[flags]",
 	example: `den create --image alpine:3.20 --memory 512m --ttl 1h --label task=42
+		den create --name dev --idle-timeout 30m
 		den exec "$(den create)" -- uname -a`,
 	run: cmdCreate,
 }
@@ -23,7 +24,7 @@ type sandboxOpts struct {
 	cpus                       float64
 	memory                     api.Size
 	pids                       int
-	ttl                        api.Duration
+	ttl, idleTimeout           api.Duration
 }
 
 func (o *sandboxOpts) define(f *flagSet) {
@@ -36,19 +37,21 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(sizeValue{&o.memory}, "memory", "m", "SIZE", "memory limit, like 512m or 2g")
 	f.Var(intValue{&o.pids}, "pids", "", "N", "limit on the number of processes")
 	f.Var(durationValue{&o.ttl}, "ttl", "", "DURATION", "remove the sandbox after this long, like 1h")
+	f.Var(durationValue{&o.idleTimeout}, "idle-timeout", "", "DURATION", "stop the sandbox after this long without exec, file or process activity, like 30m (files are kept; den start resumes it)")
 	f.Var(listValue{&o.labels, checkLabel}, "label", "l", "K=V", "set a label (repeatable)")
 }
 
 func (o *sandboxOpts) request() api.CreateRequest {
 	return api.CreateRequest{
-		Name:    o.name,
-		Image:   o.image,
-		Labels:  labelMap(o.labels),
-		Env:     o.env,
-		Workdir: o.workdir,
-		User:    o.user,
-		Limits:  api.Limits{CPUs: o.cpus, Memory: o.memory, Pids: o.pids},
-		TTL:     o.ttl,
+		Name:        o.name,
+		Image:       o.image,
+		Labels:      labelMap(o.labels),
+		Env:         o.env,
+		Workdir:     o.workdir,
+		User:        o.user,
+		Limits:      api.Limits{CPUs: o.cpus, Memory: o.memory, Pids: o.pids},
+		TTL:         o.ttl,
+		IdleTimeout: o.idleTimeout,
 	}
 }
 

@@ -17,8 +17,13 @@ var verbEvents = &verb{
 	name:     "events",
 	summary:  "print the event log",
 	synopsis: "[flags]",
+	details: `Prints the events that match the filters, oldest first. With -f den then
+waits for new events and prints each as it comes (every 500 ms), until
+Ctrl-C or, with --limit N, N events; without --since it prints only new
+events. With --json and -f, events are printed one JSON object a line.`,
 	example: `den events --sandbox web --type exec. --since 10m
-		den events --since 2025-01-02T15:04:05Z --json`,
+		den events --since 2025-01-02T15:04:05Z --json
+		den events -f --type sandbox.`,
 	run: cmdEvents,
 }
 
@@ -61,7 +66,8 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 	f.Var(stringValue{&filter.Type}, "type", "t", "TYPE", `only events whose type starts with TYPE, like "exec."`)
 	f.Var(sinceValue{&filter.Since}, "since", "", "TIME", "only events since TIME: RFC 3339, a date, or a duration like 10m")
 	f.Var(intValue{&filter.Limit}, "limit", "n", "N", "print at most N events")
-	jsonOut := f.jsonFlag("print the events as a JSON array")
+	jsonOut := f.jsonFlag("print the events as a JSON array (with -f, one JSON object a line)")
+	follow := f.Bool("follow", "f", "keep printing new events as they come, until Ctrl-C")
 	pos, _, err := f.parse(args, -1, c.stdout)
 	if err != nil {
 		return err
@@ -80,6 +86,9 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 			return err
 		}
 	}
+	if *follow {
+		return c.followEvents(cl, filter, *jsonOut)
+	}
 	list, err := cl.Events(ctx, filter)
 	if err != nil {
 		return err
@@ -93,12 +102,70 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 	tw := newTable(c.stdout)
 	fmt.Fprintln(tw, "TIME\tSANDBOX\tTYPE\tDATA")
 	for _, e := range list {
-		var data bytes.Buffer
-		if json.Compact(&data, e.Data) != nil {
-			data.Reset()
-			data.Write(e.Data)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, data.String())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
 	}
 	return tw.Flush()
+}
+
+// eventData is an event's data on one line.
+func eventData(e *api.Event) string {
+	if len(e.Data) == 0 || string(e.Data) == "null" {
+		return ""
+	}
+	var data bytes.Buffer
+	if json.Compact(&data, e.Data) != nil {
+		data.Reset()
+		data.Write(e.Data)
+	}
+	return data.String()
+}
+
+// eventsPoll is how often den events -f asks for new events.
+var eventsPoll = 500 * time.Millisecond
+
+// followEvents prints the events of filter, then new ones as they come,
+// until Ctrl-C or filter.Limit events.
+func (c *cli) followEvents(cl *client.Client, filter client.EventFilter, jsonOut bool) error {
+	ctx, stop := signalContext()
+	defer stop()
+	limit := filter.Limit
+	filter.Limit = 0
+	if filter.Since.IsZero() {
+		filter.Since = time.Now() // only new events
+	}
+	enc := json.NewEncoder(c.stdout)
+	enc.SetEscapeHTML(false)
+	if !jsonOut {
+		fmt.Fprintf(c.stdout, "%-19s   %-12s   %-20s   %s\n", "TIME", "SANDBOX", "TYPE", "DATA")
+	}
+	printed := 0
+	for {
+		list, err := cl.Events(ctx, filter)
+		if err != nil {
+			if ctx.Err() != nil {
+				return exitError(130)
+			}
+			return err
+		}
+		for _, e := range list {
+			if e.Seq > filter.After {
+				filter.After = e.Seq
+			}
+			if jsonOut {
+				if err := enc.Encode(e); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(c.stdout, "%-19s   %-12s   %-20s   %s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
+			}
+			if printed++; limit > 0 && printed >= limit {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return exitError(130)
+		case <-time.After(eventsPoll):
+		}
+	}
 }

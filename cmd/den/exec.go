@@ -24,12 +24,31 @@ var verbExec = &verb{
 (128+N when killed by signal N, 124 on timeout, 137 when out of memory).
 Each argument is one argv entry; for a shell line use: den exec ID -- sh -c '...'
 
+With -it the command runs on a terminal of the size of den's own, which is
+put in raw mode while den runs: what is typed goes to the command, window
+size changes follow, Ctrl-C interrupts the command's foreground job, and
+den exits with the command's exit code. With -t alone the command has a
+terminal but no input; Ctrl-C is passed on as SIGINT (a third one leaves
+it running). Without a terminal on den's side, input is copied as is and
+its end typed as Ctrl-D. See also den shell.
+
 With -d the command starts in the background and den prints its process id
 (PROC) at once; the process keeps running after den exits. See den ps,
-den logs, den attach, den kill and den wait.`,
+den logs, den attach, den kill and den wait. With --restart always or
+on-failure it is a service: started again, with backoff, when it ends, and
+again when the sandbox starts; --name names it (shown by den ps).
+
+With --session NAME the command runs in the sandbox's long-lived shell of
+that name (created on first use), so cd, export and functions persist for
+the next command of the session. The arguments are joined with spaces into
+one shell line (one argument is used as is); see den sessions.`,
 	example: `den exec web -- make test
 		echo 'print(1)' | den exec -i web -- python3 -
-		den exec -d web -- python3 -m http.server 8000`,
+		den exec -it web -- python3
+		den exec -d web -- python3 -m http.server 8000
+		den exec -d --restart always --name api web -- ./serve --port 8000
+		den exec --session s web -- 'cd src && export MODE=dev'
+		den exec --session s web -- 'pwd; echo $MODE'`,
 	run: cmdExec,
 }
 
@@ -38,8 +57,13 @@ type execOpts struct {
 	env           []string
 	workdir, user string
 	interactive   bool
+	tty           bool
 	timeout       api.Duration
 	jsonOut       *bool
+
+	// exec only
+	session       string // run as a line of this shell session
+	restart, name string // of a background process
 }
 
 func (o *execOpts) define(f *flagSet, withSandbox bool) {
@@ -48,7 +72,8 @@ func (o *execOpts) define(f *flagSet, withSandbox bool) {
 		f.Var(stringValue{&o.workdir}, "workdir", "w", "DIR", "working directory of the command")
 		f.Var(stringValue{&o.user}, "user", "u", "USER", "user (name or uid[:gid]) to run as")
 	}
-	f.Var(boolValue{&o.interactive}, "interactive", "i", "", "read all of standard input and send it to the command")
+	f.Var(boolValue{&o.interactive}, "interactive", "i", "", "send standard input to the command (all of it, read first; with -t, as it is typed)")
+	f.Var(boolValue{&o.tty}, "tty", "t", "", "run the command on a terminal (with -i: an interactive terminal session, like -it in docker)")
 	f.Var(durationValue{&o.timeout}, "timeout", "", "DURATION", "kill the command after this long, like 30s (exit code 124)")
 	usage := "capture the output and print the result as JSON (stdout, stderr, exit status); with -d, the started process"
 	if withSandbox {
@@ -62,6 +87,9 @@ func (o *execOpts) define(f *flagSet, withSandbox bool) {
 // exitError (nil for 0).
 func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *execOpts, cmd []string, stdin []byte) error {
 	req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Stdin: stdin, Timeout: o.timeout}
+	if o.session != "" {
+		req.Cmd, req.Shell, req.Session = nil, shellLine(cmd), o.session
+	}
 	var st *api.ExitStatus
 	if *o.jsonOut {
 		res, err := cl.Exec(ctx, id, req)
@@ -87,7 +115,12 @@ func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *e
 func (c *cli) startCommand(ctx context.Context, cl *client.Client, id string, o *execOpts, cmd []string, stdin []byte) error {
 	// stdin goes through the stdin route rather than the request, so that it
 	// is written before the input is closed.
-	req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Timeout: o.timeout}
+	req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Timeout: o.timeout,
+		Restart: o.restart, Name: o.name}
+	if o.tty {
+		req.TTY = true
+		req.Rows, req.Cols = termSize(c)
+	}
 	p, err := cl.StartProcess(ctx, id, req)
 	if err != nil {
 		return interrupted(ctx, err)
@@ -223,6 +256,9 @@ func cmdExec(c *cli, v *verb, args []string) error {
 	var o execOpts
 	o.define(f, false)
 	detach := f.Bool("detach", "d", "start the command in the background and print its process id")
+	f.Var(stringValue{&o.session}, "session", "", "NAME", "run the command as a shell line in the sandbox's shell session NAME, which keeps cd, export and functions between commands")
+	f.Var(stringValue{&o.restart}, "restart", "", "POLICY", "with -d: restart the process when it ends: always or on-failure (a service)")
+	f.Var(stringValue{&o.name}, "name", "", "NAME", "with -d: name the background process")
 	pos, cmd, err := f.parse(args, 1, c.stdout)
 	if err != nil {
 		return err
@@ -232,6 +268,29 @@ func cmdExec(c *cli, v *verb, args []string) error {
 	}
 	if len(cmd) == 0 {
 		return usagef(v, "exec needs a command after the sandbox ID, like: den exec %s -- ls -l", pos[0])
+	}
+	switch o.restart {
+	case "", "always", "on-failure":
+	case "no":
+		o.restart = ""
+	default:
+		return usagef(v, "bad value %q for --restart: want always or on-failure", o.restart)
+	}
+	switch {
+	case (f.isSet("restart") || f.isSet("name")) && !*detach:
+		return usagef(v, "--restart and --name are for background processes: add -d, like: den exec -d --restart always %s -- CMD", pos[0])
+	case f.isSet("session") && o.session == "":
+		return usagef(v, "bad value \"\" for --session: want a session name")
+	case o.session != "" && (*detach || o.tty || o.interactive):
+		return usagef(v, "--session runs one shell line without input: it does not go with -d, -i or -t")
+	case o.tty && *o.jsonOut:
+		return usagef(v, "--json does not go with -t")
+	case o.tty && *detach && o.interactive:
+		return usagef(v, "-d -t starts the command on a terminal with no input sent: drop -i")
+	}
+	if o.tty && !*detach {
+		req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Timeout: o.timeout}
+		return c.ttyExit(c.runTTY(c.client(f), pos[0], req, o.interactive))
 	}
 	var stdin []byte
 	if o.interactive {
@@ -251,4 +310,22 @@ func cmdExec(c *cli, v *verb, args []string) error {
 		return exitError(130)
 	}
 	return err
+}
+
+// ttyExit reports an interrupted start of a terminal session.
+func (c *cli) ttyExit(err error) error {
+	if err == interruptErr {
+		fmt.Fprintln(c.stderr, "den: interrupted")
+		return exitError(130)
+	}
+	return err
+}
+
+// shellLine makes the shell line of a session command: one argument as is,
+// several joined with spaces (like ssh does).
+func shellLine(cmd []string) string {
+	if len(cmd) == 1 {
+		return cmd[0]
+	}
+	return strings.Join(cmd, " ")
 }

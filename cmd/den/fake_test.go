@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/den-dev/den/api"
 )
 
@@ -38,6 +40,11 @@ import (
 //	die SIGNAL      be killed by SIGNAL
 //	timeout, oom    end with that reason
 //	nosuch          fail to start
+//
+// An exec with a session answers "SESSION$ SHELL" and opens the session.
+// Processes started with a terminal (tty) run "cat" or "/bin/sh" (echo what is typed,
+// answer a resize with "[RxC]", end at Ctrl-D), "sleep" (run until a
+// signal) or one of exec's commands; a signal ends them all.
 type fakeDaemon struct {
 	t    *testing.T
 	host string
@@ -51,12 +58,15 @@ type fakeDaemon struct {
 	log       []string // "METHOD /path?query" of every request
 	creates   []api.CreateRequest
 	execs     []api.ExecRequest
-	lastQuery map[string]string // route → raw query of its last request
-	archive   []byte            // when set, GET archive answers these bytes
-	uploads   [][]string        // entry names of each PUT archive
-	procs     []*fakeProc       // background processes, in start order
-	procReqs  []api.ExecRequest // bodies of POST processes
-	kills     []string          // signals of POST kill ("" when none was given)
+	lastQuery map[string]string         // route → raw query of its last request
+	archive   []byte                    // when set, GET archive answers these bytes
+	uploads   [][]string                // entry names of each PUT archive
+	procs     []*fakeProc               // background processes, in start order
+	procReqs  []api.ExecRequest         // bodies of POST processes
+	kills     []string                  // signals of POST kill ("" when none was given)
+	sessions  map[string][]*api.Session // sandbox id → its shell sessions
+	ttyMsgs   map[string][]string       // proc → the messages its terminal got: "bin:..." or "text:..."
+	attached  chan string               // the proc of each terminal connection
 }
 
 // fakeProc is a background process. Its command is one of exec's; besides,
@@ -71,6 +81,7 @@ type fakeProc struct {
 	stdinClosed bool
 	changed     chan struct{} // closed and replaced on every change
 	done        chan struct{} // closed when the process ends
+	tty         bool
 }
 
 type fakeFrame struct {
@@ -90,7 +101,8 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	f := &fakeDaemon{t: t, dir: dir, sandboxes: map[string]*fakeSandbox{}, images: map[string]*api.Image{}, lastQuery: map[string]string{}}
+	f := &fakeDaemon{t: t, dir: dir, sandboxes: map[string]*fakeSandbox{}, images: map[string]*api.Image{}, lastQuery: map[string]string{},
+		sessions: map[string][]*api.Session{}, ttyMsgs: map[string][]string{}, attached: make(chan string, 16)}
 	mux := http.NewServeMux()
 	handle := func(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
@@ -157,6 +169,48 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 		f.mu.Unlock()
 		return writeJSON(w, 200, st)
 	})
+	handle("GET /v1/sandboxes/{id}/processes/{proc}/tty", f.tty)
+	handle("GET /v1/sandboxes/{id}/sessions", func(w http.ResponseWriter, r *http.Request) error {
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		list := append([]*api.Session{}, f.sessions[s.sb.ID]...)
+		return writeJSON(w, 200, list)
+	})
+	handle("DELETE /v1/sandboxes/{id}/sessions/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		list := f.sessions[s.sb.ID]
+		for i, ss := range list {
+			if ss.Name == r.PathValue("name") {
+				f.sessions[s.sb.ID] = append(list[:i:i], list[i+1:]...)
+				w.WriteHeader(http.StatusNoContent)
+				return nil
+			}
+		}
+		return api.Errorf(api.KindNotFound, "no session %q", r.PathValue("name"))
+	})
+	handle("GET /v1/sandboxes/{id}/stats", func(w http.ResponseWriter, r *http.Request) error {
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if s.sb.State != api.StateRunning {
+			return api.Errorf(api.KindConflict, "sandbox %s is %s", s.sb.ID[:12], s.sb.State)
+		}
+		return writeJSON(w, 200, api.Stats{ID: s.sb.ID, CPU: api.Duration(1500 * time.Millisecond), Memory: 10 << 20,
+			MemoryLimit: s.sb.Limits.Memory, Pids: 3, PidsLimit: s.sb.Limits.Pids, Disk: 4096, NetRxBytes: 1000, NetTxBytes: 2 << 20,
+			Usage: api.Usage{CPUSeconds: 12.5, MemoryGiBHours: 0.125, AliveSeconds: 3725, ActiveSeconds: 61, EgressBytes: 2 << 20}})
+	})
 	handle("GET /v1/sandboxes/{id}/files/stat", f.stat)
 	handle("GET /v1/sandboxes/{id}/archive", f.download)
 	handle("PUT /v1/sandboxes/{id}/archive", f.upload)
@@ -193,7 +247,20 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		list := []*api.Event{}
+		after, _ := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
 		for _, e := range f.events {
+			if e.Seq <= after {
+				continue
+			}
+			if since := r.URL.Query().Get("since"); since != "" {
+				t, err := time.Parse(time.RFC3339Nano, since)
+				if err != nil {
+					return api.FieldError("since", "bad time %q", since)
+				}
+				if e.Time.Before(t) {
+					continue
+				}
+			}
 			if s := r.URL.Query().Get("sandbox"); s != "" && e.Sandbox != s {
 				continue
 			}
@@ -381,10 +448,27 @@ func (f *fakeDaemon) exec(w http.ResponseWriter, r *http.Request) error {
 	f.mu.Lock()
 	f.execs = append(f.execs, req)
 	f.mu.Unlock()
-	if len(req.Cmd) == 0 {
+	var stdout, stderr *bytes.Buffer
+	var st api.ExitStatus
+	switch {
+	case req.Session != "" && req.Shell != "" && len(req.Cmd) == 0:
+		f.mu.Lock()
+		found := false
+		for _, ss := range f.sessions[s.sb.ID] {
+			found = found || ss.Name == req.Session
+		}
+		if !found {
+			f.sessions[s.sb.ID] = append(f.sessions[s.sb.ID], &api.Session{Name: req.Session, Pid: 200 + len(f.sessions[s.sb.ID]),
+				Started: time.Now().Add(-5 * time.Minute)})
+		}
+		f.mu.Unlock()
+		stdout, stderr = bytes.NewBufferString(req.Session+"$ "+req.Shell+"\n"), new(bytes.Buffer)
+		st = api.ExitStatus{Reason: api.ReasonExited}
+	case len(req.Cmd) == 0:
 		return api.FieldError("cmd", "empty")
+	default:
+		stdout, stderr, st = s.command(req)
 	}
-	stdout, stderr, st := s.command(req)
 	if r.Header.Get("Accept") != api.StreamContentType {
 		return writeJSON(w, 200, api.ExecResult{ExitStatus: st, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()})
 	}
@@ -453,8 +537,14 @@ func (f *fakeDaemon) startProc(w http.ResponseWriter, r *http.Request) error {
 	n := len(f.procs) + 1
 	p := &fakeProc{sandbox: s.sb.ID, changed: make(chan struct{}), done: make(chan struct{}),
 		info: api.ProcessInfo{ID: "p" + strconv.Itoa(n), Pid: 100 + n, Cmd: req.Cmd, State: api.ProcRunning,
-			Started: time.Now().Add(-2 * time.Minute)}}
+			Started: time.Now().Add(-2 * time.Minute), Name: req.Name, Restart: req.Restart}, tty: req.TTY}
+	if req.Restart != "" {
+		p.info.Restarts = 2
+	}
 	f.procs = append(f.procs, p)
+	if req.TTY {
+		return writeJSON(w, 201, p.info) // it runs when attached
+	}
 	switch req.Cmd[0] {
 	case "sleep":
 	case "cat":
@@ -801,4 +891,92 @@ func (f *fakeDaemon) importImage(w http.ResponseWriter, r *http.Request) error {
 	}
 	enc.Encode(map[string]any{"progress": map[string]any{"done": 1, "total": 1, "what": "config"}})
 	return enc.Encode(map[string]any{"images": []*api.Image{img}})
+}
+
+// tty serves the terminal of a process started with tty (see fakeDaemon).
+func (f *fakeDaemon) tty(w http.ResponseWriter, r *http.Request) error {
+	p, err := f.findProc(r)
+	if err != nil {
+		return err
+	}
+	if !p.tty {
+		return api.Errorf(api.KindConflict, "attach to %s: process %s was not started with a terminal (tty)", p.info.ID, p.info.ID)
+	}
+	c, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return nil
+	}
+	defer c.CloseNow()
+	ctx := r.Context()
+	id := p.info.ID
+	select {
+	case f.attached <- id:
+	default:
+	}
+	end := func(st api.ExitStatus) error {
+		f.mu.Lock()
+		if p.info.Exit == nil {
+			f.procEnd(p, st)
+		}
+		f.mu.Unlock()
+		b, _ := json.Marshal(api.TTYControl{Exit: &st})
+		c.Write(ctx, websocket.MessageText, b)
+		return c.Close(websocket.StatusNormalClosure, "exited")
+	}
+	c.Write(ctx, websocket.MessageBinary, []byte("started\r\n"))
+	switch cmd := p.info.Cmd[0]; cmd {
+	case "cat", "sleep", "/bin/sh":
+	default:
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		stdout, stderr, st := s.command(api.ExecRequest{Cmd: p.info.Cmd})
+		c.Write(ctx, websocket.MessageBinary, append(stdout.Bytes(), stderr.Bytes()...))
+		end(st)
+		return nil
+	}
+	for {
+		typ, msg, err := c.Read(ctx)
+		if err != nil {
+			return nil
+		}
+		f.mu.Lock()
+		if typ == websocket.MessageBinary {
+			f.ttyMsgs[id] = append(f.ttyMsgs[id], "bin:"+string(msg))
+		} else {
+			f.ttyMsgs[id] = append(f.ttyMsgs[id], "text:"+string(msg))
+		}
+		f.mu.Unlock()
+		if typ == websocket.MessageText {
+			var ctl api.TTYControl
+			json.Unmarshal(msg, &ctl)
+			if ctl.Resize != nil {
+				c.Write(ctx, websocket.MessageBinary, fmt.Appendf(nil, "[%dx%d]", ctl.Resize.Rows, ctl.Resize.Cols))
+			}
+			if ctl.Signal != "" {
+				end(api.ExitStatus{Reason: api.ReasonSignaled, Signal: "SIG" + ctl.Signal, ExitCode: -1})
+				return nil
+			}
+			continue
+		}
+		if cmd := p.info.Cmd[0]; cmd != "cat" && cmd != "/bin/sh" {
+			continue
+		}
+		before, _, eof := bytes.Cut(msg, []byte{4})
+		if len(before) > 0 {
+			c.Write(ctx, websocket.MessageBinary, before)
+		}
+		if eof {
+			end(api.ExitStatus{Reason: api.ReasonExited})
+			return nil
+		}
+	}
+}
+
+// ttyLog returns the messages the terminal of proc got.
+func (f *fakeDaemon) ttyLog(proc string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.ttyMsgs[proc]...)
 }

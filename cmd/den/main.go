@@ -46,8 +46,8 @@ var verbs []*verb
 
 func init() {
 	verbs = []*verb{
-		verbRun, verbCreate, verbExec, verbLs, verbInspect, verbStop, verbStart, verbRm, verbCp,
-		verbPs, verbLogs, verbAttach, verbKill, verbWait,
+		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbRm, verbCp,
+		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
 		verbImage, verbImageLs, verbImageImport, verbImageRm, verbImageInspect,
 		verbEvents, verbVersion, verbBench, verbServe, verbHelp,
 	}
@@ -183,6 +183,9 @@ func kindHint(v *verb, e *api.Error) string {
 		if procVerbs[name] && strings.Contains(strings.ToLower(e.Message), "process") {
 			return "run `den ps ID` to see the sandbox's processes"
 		}
+		if name == "sessions rm" && strings.Contains(strings.ToLower(e.Message), "session") {
+			return "run `den sessions ID` to see the sandbox's sessions"
+		}
 		return "run `den ls` to see sandboxes"
 	case api.KindUnauthorized:
 		return "set DEN_TOKEN to the daemon's token (the file token in its data directory, /var/lib/den/token by default)"
@@ -192,7 +195,7 @@ func kindHint(v *verb, e *api.Error) string {
 			return "use `den rm -f` to remove a running sandbox"
 		case "image rm":
 			return "remove the sandboxes that use the image first"
-		case "exec", "cp":
+		case "exec", "cp", "shell", "stats", "sessions", "sessions rm":
 			return "a stopped sandbox must be started first: `den start ID`"
 		}
 	}

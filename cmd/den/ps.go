@@ -15,7 +15,9 @@ var verbPs = &verb{
 	summary:  "list a sandbox's background processes",
 	synopsis: "[flags] ID",
 	details: `Lists the processes started with den exec -d, running and recently finished,
-oldest first. EXIT is the exit code, or the signal, timeout, oom or failed.`,
+oldest first. EXIT is the exit code, or the signal, timeout, oom or failed.
+NAME is the name given with den exec -d --name; RESTARTS, for a service
+(den exec -d --restart), how often it was started again, and its policy.`,
 	example: `den ps web
 		den ps --json web`,
 	run: cmdPs,
@@ -50,11 +52,15 @@ func cmdPs(c *cli, v *verb, args []string) error {
 		return nil
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "PROC\tPID\tSTATE\tEXIT\tSTARTED\tENDED\tCOMMAND")
+	fmt.Fprintln(tw, "PROC\tNAME\tPID\tSTATE\tEXIT\tRESTARTS\tSTARTED\tENDED\tCOMMAND")
 	now := time.Now()
 	for _, p := range list {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Pid, p.State, exitText(p.Exit),
-			ago(p.Started, now), ago(p.Ended, now), benchQuote(p.Cmd))
+		restarts := ""
+		if p.Restart != "" {
+			restarts = fmt.Sprintf("%d (%s)", p.Restarts, p.Restart)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Pid, p.State, exitText(p.Exit),
+			restarts, ago(p.Started, now), ago(p.Ended, now), benchQuote(p.Cmd))
 	}
 	return tw.Flush()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/den-dev/den/api"
 )
 
 var verbRun = &verb{
@@ -14,9 +16,11 @@ var verbRun = &verb{
 killed by signal N, 124 on timeout, 137 when out of memory). With --rm the
 sandbox is removed afterwards, even on failure or Ctrl-C. Without a command,
 den run prints the new sandbox's id, like den create. Each argument is one
-argv entry; for a shell line use: den run -- sh -c '...'`,
+argv entry; for a shell line use: den run -- sh -c '...'. With -it the
+command runs on an interactive terminal, as with den exec -it.`,
 	example: `den run --rm --memory 512m --timeout 30s -- python3 -c 'print(6*7)'
-		cat data.csv | den run --rm -i --image alpine:3.20 -- wc -l`,
+		cat data.csv | den run --rm -i --image alpine:3.20 -- wc -l
+		den run --rm -it --idle-timeout 30m -- bash`,
 	run: cmdRun,
 }
 
@@ -32,15 +36,18 @@ func cmdRun(c *cli, v *verb, args []string) error {
 		return err
 	}
 	if len(cmd) == 0 {
-		for _, name := range []string{"rm", "interactive", "timeout"} {
+		for _, name := range []string{"rm", "interactive", "tty", "timeout"} {
 			if f.isSet(name) {
 				return usagef(v, "%s needs a command to run, like: den run %s -- ls", spell(name), spell(name))
 			}
 		}
 	}
+	if eo.tty && *eo.jsonOut {
+		return usagef(v, "--json does not go with -t")
+	}
 	eo.env, eo.workdir, eo.user = so.env, so.workdir, so.user
 	var stdin []byte
-	if eo.interactive {
+	if eo.interactive && !eo.tty {
 		if stdin, err = c.readStdin(); err != nil {
 			return err
 		}
@@ -72,6 +79,11 @@ func cmdRun(c *cli, v *verb, args []string) error {
 				fmt.Fprintf(c.stderr, "den: remove sandbox %s: %v\n", shortID(sb.ID), err)
 			}
 		}()
+	}
+	if eo.tty {
+		stop() // the terminal session handles signals itself
+		req := api.ExecRequest{Cmd: cmd, Env: eo.env, Workdir: eo.workdir, User: eo.user, Timeout: eo.timeout}
+		return c.ttyExit(c.runTTY(cl, sb.ID, req, eo.interactive))
 	}
 	err = c.runCommand(ctx, cl, sb.ID, &eo, cmd, stdin)
 	if err == interruptErr {
