@@ -67,9 +67,14 @@ const (
 	benchExecLimitMs = 3.0 // exec p50 <= 3ms
 	benchDensityMiB  = 4.0 // <= 4MiB per idle sandbox
 	benchLabel       = "den-bench"
+	benchReattachN   = 500
+	benchReattachMs  = 5.0 // reattach to a running process's output: p50 <= 5ms
+	benchProcBoxes   = 50  // procs: sandboxes
+	benchProcsEach   = 20  // procs: background processes per sandbox
+	benchProcsRSSMiB = 256 // procs: the daemon's RSS stays under this
 )
 
-var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "density", "runsc"}
+var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "density", "runsc"}
 
 // benchBwrapArgv is the bwrap peer: the namespace floor.
 var benchBwrapArgv = []string{"bwrap", "--unshare-all", "--die-with-parent",
@@ -546,6 +551,10 @@ func (b *bench) run(ctx context.Context, scenarios []string) error {
 			err = b.coldParallel(ctx)
 		case "exec":
 			err = b.exec(ctx)
+		case "reattach":
+			err = b.reattach(ctx)
+		case "procs":
+			err = b.procs(ctx)
 		case "density":
 			err = b.density(ctx)
 		case "runsc":
@@ -1419,4 +1428,125 @@ func (b *bench) printJSON() error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(&b.rep)
+}
+
+// reattach: replaying a running background process's output (the last
+// 100 lines) through the API, as a client coming back would.
+func (b *bench) reattach(ctx context.Context) error {
+	n := b.iterations(benchReattachN)
+	sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
+	if err != nil {
+		return fmt.Errorf("create a sandbox: %w", err)
+	}
+	defer b.cl.Remove(context.WithoutCancel(ctx), sb.ID, true)
+	p, err := b.cl.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: "i=0; while :; do echo line $i; i=$((i+1)); sleep 0.01; done"})
+	if err != nil {
+		return fmt.Errorf("start a background process: %w", err)
+	}
+	time.Sleep(time.Second) // let it write a few screens of output
+	var re, ex []time.Duration
+	err = b.loop(ctx, "reattach", n,
+		benchTimed(&re, func(ctx context.Context) (time.Duration, error) {
+			t0 := time.Now()
+			_, err := b.cl.Logs(ctx, sb.ID, p.ID, client.LogsOptions{Tail: 100}, io.Discard, io.Discard)
+			return time.Since(t0), err
+		}),
+		benchTimed(&ex, func(ctx context.Context) (time.Duration, error) {
+			t0 := time.Now()
+			_, err := b.cl.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"true"}})
+			return time.Since(t0), err
+		}),
+	)
+	if len(re) == 0 {
+		return err
+	}
+	rr := benchStatsRow("reattach", "den logs --tail 100 of a running process", re)
+	er := benchStatsRow("reattach", "den SDK Exec true (reference)", ex)
+	rr.compare(er, "exec p50")
+	rr.judge(fmt.Sprintf("p50 ≤ %gms", benchReattachMs), rr.p50(), benchReattachMs)
+	b.add(rr, er)
+	return err
+}
+
+// daemonRSS reads the daemon's resident memory from its /metrics.
+func (b *bench) daemonRSS(ctx context.Context) (float64, error) {
+	text, err := b.cl.Metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, "den_daemon_rss_bytes "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("the daemon's /metrics has no den_daemon_rss_bytes")
+}
+
+// procs: 1,000 background processes across 50 sandboxes, with the
+// daemon's RSS before, with all of them running, and after listing them.
+func (b *bench) procs(ctx context.Context) (err error) {
+	var ids []string
+	defer func() {
+		for _, id := range ids {
+			b.cl.Remove(context.WithoutCancel(ctx), id, true)
+		}
+	}()
+	before, err := b.daemonRSS(ctx)
+	if err != nil {
+		return err
+	}
+	var starts []time.Duration
+	total := benchProcBoxes * benchProcsEach
+	for i := 0; i < benchProcBoxes; i++ {
+		sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
+		if err != nil {
+			return fmt.Errorf("create sandbox %d: %w", i+1, err)
+		}
+		ids = append(ids, sb.ID)
+		for j := 0; j < benchProcsEach; j++ {
+			t0 := time.Now()
+			if _, err := b.cl.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: "echo started; exec sleep 3600"}); err != nil {
+				return fmt.Errorf("start process %d in sandbox %d: %w", j+1, i+1, err)
+			}
+			starts = append(starts, time.Since(t0))
+			b.progress("procs", len(starts), total)
+		}
+	}
+	running, err := b.daemonRSS(ctx)
+	if err != nil {
+		return err
+	}
+	seen := 0
+	for _, id := range ids {
+		ps, err := b.cl.Processes(ctx, id)
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			if p.State == api.ProcRunning {
+				seen++
+			}
+		}
+	}
+	after, err := b.daemonRSS(ctx)
+	if err != nil {
+		return err
+	}
+	sr := benchStatsRow("procs", fmt.Sprintf("start a background process (%d in %d sandboxes)", total, benchProcBoxes), starts)
+	mib := func(v float64) *float64 { return benchPtr(v / (1 << 20)) }
+	live := &benchRow{Scenario: "procs", Subject: "processes running", N: seen, Unit: "count", Mean: benchPtr(float64(seen))}
+	live.judge(fmt.Sprintf("all %d running", total), float64(total-seen), 0)
+	rows := []*benchRow{sr, live}
+	for _, m := range []struct {
+		what string
+		v    float64
+	}{{"daemon RSS before", before}, {"daemon RSS with all running", running}, {"daemon RSS after listing all", after}} {
+		r := &benchRow{Scenario: "procs", Subject: m.what, N: 1, Unit: "MiB", Mean: mib(m.v)}
+		if m.what != "daemon RSS before" {
+			r.judge(fmt.Sprintf("≤ %d MiB", benchProcsRSSMiB), m.v/(1<<20), benchProcsRSSMiB)
+		}
+		rows = append(rows, r)
+	}
+	b.add(rows...)
+	return nil
 }

@@ -208,7 +208,7 @@ func TestLifecycle(t *testing.T) {
 	for _, ev := range evs {
 		types = append(types, ev.Type)
 	}
-	if got := strings.Join(types, ","); !strings.HasPrefix(got, "sandbox.create,exec.end") || !strings.HasSuffix(got, "sandbox.remove") {
+	if got := strings.Join(types, ","); !strings.HasPrefix(got, "sandbox.create,exec.start,exec.end") || !strings.HasSuffix(got, "sandbox.remove") {
 		t.Fatalf("events %s", got)
 	}
 }
