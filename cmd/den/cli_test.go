@@ -666,6 +666,13 @@ func TestEvents(t *testing.T) {
 	if !strings.Contains(q, "sandbox="+sb.ID) || !strings.Contains(q, "type=sandbox.") || !strings.Contains(q, "since=") {
 		t.Errorf("events query %q", q)
 	}
+	r = den(t, f, "", "events", "box", "--type", "sandbox.")
+	if r.code != 0 || !strings.Contains(f.lastQuery["GET /v1/events"], "sandbox="+sb.ID) {
+		t.Errorf("events with the sandbox as an argument: %+v query %q", r, f.lastQuery["GET /v1/events"])
+	}
+	if r = den(t, f, "", "events", "box", "other"); r.code != 2 {
+		t.Errorf("events with two sandboxes: %+v", r)
+	}
 	r = den(t, f, "", "events", "--json")
 	var list []*api.Event
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 1 {

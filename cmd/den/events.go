@@ -16,12 +16,12 @@ import (
 var verbEvents = &verb{
 	name:     "events",
 	summary:  "print the event log",
-	synopsis: "[flags]",
+	synopsis: "[flags] [ID]",
 	details: `Prints the events that match the filters, oldest first. With -f den then
 waits for new events and prints each as it comes (every 500 ms), until
 Ctrl-C or, with --limit N, N events; without --since it prints only new
 events. With --json and -f, events are printed one JSON object a line.`,
-	example: `den events --sandbox web --type exec. --since 10m
+	example: `den events web --type exec. --since 10m
 		den events --since 2025-01-02T15:04:05Z --json
 		den events -f --type sandbox.`,
 	run: cmdEvents,
@@ -72,8 +72,13 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(pos) > 0 {
-		return usagef(v, "events takes no arguments (got %q); use --sandbox ID", pos[0])
+	switch {
+	case len(pos) > 1:
+		return usagef(v, "events takes at most one sandbox (got %q)", pos)
+	case len(pos) == 1 && filter.Sandbox != "" && filter.Sandbox != pos[0]:
+		return usagef(v, "give the sandbox once: as an argument or with --sandbox")
+	case len(pos) == 1:
+		filter.Sandbox = pos[0]
 	}
 	ctx := context.Background()
 	cl := c.client(f)
