@@ -74,9 +74,9 @@ func (s *Server) routes() {
 	})
 	h("POST /v1/sandboxes", s.create)
 	h("GET /v1/sandboxes", s.list)
-	h("GET /v1/sandboxes/{id}", s.get)
-	h("POST /v1/sandboxes/{id}/stop", s.stop)
-	h("POST /v1/sandboxes/{id}/start", s.start)
+	h("GET /v1/sandboxes/{id}", byID(s.m.Get))
+	h("POST /v1/sandboxes/{id}/stop", byID(s.m.Stop))
+	h("POST /v1/sandboxes/{id}/start", byID(s.m.Start))
 	h("DELETE /v1/sandboxes/{id}", s.remove)
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
 	h("GET /v1/sandboxes/{id}/files", s.proxy("GET", "/files", true))
@@ -98,7 +98,7 @@ func (s *Server) routes() {
 	h("GET /v1/sandboxes/{id}/processes/{proc}/tty", s.tty)
 	h("GET /v1/sandboxes/{id}/sessions", s.sessionProxy("GET"))
 	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionProxy("DELETE"))
-	h("GET /v1/sandboxes/{id}/stats", s.stats)
+	h("GET /v1/sandboxes/{id}/stats", byID(s.m.Stats))
 	h("GET /metrics", s.metrics)
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)
@@ -189,32 +189,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, v)
 }
 
-func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.m.Get(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, 200, sb)
-}
 
-func (s *Server) stop(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.m.Stop(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, 200, sb)
-}
 
-func (s *Server) start(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.m.Start(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, 200, sb)
-}
 
 func boolParam(r *http.Request, name string) (bool, error) {
 	v := r.URL.Query().Get(name)
@@ -653,14 +629,6 @@ func (s *Server) sessionProxy(method string) http.HandlerFunc {
 	}
 }
 
-func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
-	st, err := s.m.Stats(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, 200, st)
-}
 
 // metrics serves Prometheus text format: per-sandbox usage from the latest
 // samples, and the daemon's own health.
@@ -691,4 +659,16 @@ func selfRSS() int64 {
 		}
 	}
 	return 0
+}
+
+// byID serves a Manager call on the sandbox named in the path as JSON.
+func byID[T any](f func(context.Context, string) (T, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := f(r.Context(), r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, 200, v)
+	}
 }
