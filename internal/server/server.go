@@ -189,9 +189,6 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, v)
 }
 
-
-
-
 func boolParam(r *http.Request, name string) (bool, error) {
 	v := r.URL.Query().Get(name)
 	if v == "" {
@@ -628,7 +625,6 @@ func (s *Server) sessionProxy(method string) http.HandlerFunc {
 		s.forward(w, r, method, path, nil, nil)
 	}
 }
-
 
 // metrics serves Prometheus text format: per-sandbox usage from the latest
 // samples, and the daemon's own health.
