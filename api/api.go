@@ -160,12 +160,38 @@ type RenameRequest struct {
 
 // Image is the record of one image.
 type Image struct {
-	Name      string      `json:"name"`
-	ID        string      `json:"id"`
-	Layers    []string    `json:"layers,omitempty"`
-	Size      int64       `json:"size"`
-	CreatedAt time.Time   `json:"created_at"`
-	Config    ImageConfig `json:"config,omitzero"`
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	// Base is "host" for images made from the built-in host image (by
+	// commit or build); their layers sit above the host's directories:
+	// Layers above "/", MountLayers above other mount points like "/usr".
+	Base        string              `json:"base,omitempty"`
+	Layers      []string            `json:"layers,omitempty"`
+	MountLayers map[string][]string `json:"mount_layers,omitempty"`
+	Size        int64               `json:"size"`
+	CreatedAt   time.Time           `json:"created_at"`
+	Config      ImageConfig         `json:"config,omitzero"`
+}
+
+// PullRequest is the body of POST /v1/images/pull.
+type PullRequest struct {
+	Ref string `json:"ref"` // like docker.io/library/alpine:3.20 or alpine
+	// Name stores the image under another name than the reference.
+	Name     string `json:"name,omitempty"`
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	// Insecure allows a registry on plain HTTP.
+	Insecure bool   `json:"insecure,omitempty"`
+	Platform string `json:"platform,omitempty"` // default linux/<the host's architecture>
+}
+
+// CommitRequest is the body of POST /v1/sandboxes/{id}/commit.
+type CommitRequest struct {
+	Name string `json:"name"`
+	// Config, when given, replaces the new image's configuration; by
+	// default it is the parent image's with the sandbox's env, workdir and
+	// user applied.
+	Config *ImageConfig `json:"config,omitempty"`
 }
 
 // ImageConfig is the part of an image's configuration applied to sandboxes.

@@ -113,6 +113,10 @@ func (zeroReader) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// ExtractTar unpacks a tar stream into dir with the same guarantees as the
+// agent's archive upload; the daemon uses it for build contexts.
+func ExtractTar(r io.Reader, dir string) error { return extractTar(r, dir) }
+
 // extractTar unpacks a tar stream into dir (created if missing). Every entry
 // is created through an os.Root at dir, so no name, symlink or hardlink in
 // the archive can reach outside dir; entries with absolute names or ".."

@@ -2,21 +2,28 @@ package sandbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/store"
 )
 
 func validImageName(s string) bool { return wordOK(s, 255, "._/:@-", true) }
 
 func hostImageRecord() *api.Image {
-	return &api.Image{Name: HostImage, ID: "builtin:host", CreatedAt: time.Unix(0, 0).UTC()}
+	return &api.Image{Name: HostImage, ID: "builtin:host", CreatedAt: time.Unix(0, 0).UTC(),
+		Config: api.ImageConfig{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}}
 }
 
 // Image returns one image; "host" is built in.
@@ -47,7 +54,7 @@ func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) {
 	out := []*api.Image{hostImageRecord()}
 	for _, i := range all {
 		var img api.Image
-		if json.Unmarshal(i.Doc, &img) == nil {
+		if json.Unmarshal(i.Doc, &img) == nil && !strings.HasPrefix(img.Name, cachePrefix) {
 			out = append(out, &img)
 		}
 	}
@@ -86,16 +93,8 @@ func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, pro
 		if !validImageName(n) || n == HostImage {
 			return nil, api.Errorf(api.KindInvalid, "import: the archive names an image %q, which is not usable here; pass a name", n)
 		}
-		c := ni.Image.Config
-		rec := &api.Image{
-			Name: n, ID: ni.Image.ID, Layers: ni.Image.Layers, Size: ni.Image.Size, CreatedAt: time.Now().UTC(),
-			Config: api.ImageConfig{
-				Env: c.Env, Workdir: c.WorkingDir, User: c.User, Cmd: c.Cmd, Entrypoint: c.Entrypoint,
-				ExposedPorts: c.ExposedPorts, Labels: c.Labels,
-			},
-		}
-		doc, _ := json.Marshal(rec)
-		if err := m.db.PutImage(ctx, &store.Image{Name: n, ID: rec.ID, Layers: rec.Layers, Size: rec.Size, CreatedAt: rec.CreatedAt, Doc: doc}); err != nil {
+		rec := fromStore(n, ni.Image)
+		if err := m.putImage(ctx, rec); err != nil {
 			return nil, err
 		}
 		m.event("", "image.import", map[string]any{"name": n, "id": rec.ID})
@@ -133,21 +132,266 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if err := m.db.DeleteImage(ctx, name); err != nil {
 		return err
 	}
+	if _, err := m.gcLayers(ctx); err != nil {
+		return err
+	}
+	m.event("", "image.remove", map[string]any{"name": name})
+	return nil
+}
+
+// imageLayers is the root filesystem of an image as overlays.
+func (m *Manager) imageLayers(img *api.Image) ([]isolate.Overlay, error) {
+	if img.Name == HostImage || img.Base == HostImage {
+		layers, err := hostLayers(m.hostImageDir())
+		if err != nil {
+			return nil, err
+		}
+		for i := range layers {
+			above := img.MountLayers[layers[i].Target]
+			if layers[i].Target == "/" {
+				above = img.Layers
+			}
+			for _, l := range above {
+				layers[i].Lowers = append(layers[i].Lowers, m.images.LayerPath(l))
+			}
+		}
+		return layers, nil
+	}
+	var lowers []string
+	for _, l := range img.Layers {
+		lowers = append(lowers, m.images.LayerPath(l))
+	}
+	if len(lowers) == 0 {
+		dir := filepath.Join(m.cfg.DataDir, "images", "empty")
+		os.MkdirAll(dir, 0o755)
+		lowers = []string{dir}
+	}
+	return []isolate.Overlay{{Target: "/", Lowers: lowers, Name: "root"}}, nil
+}
+
+// putImage records an image under its name. A name that sandboxes use is
+// not replaced: their writable layers sit on that image's files.
+func (m *Manager) putImage(ctx context.Context, img *api.Image) error {
+	if img.Name == HostImage {
+		return api.FieldError("name", "\"host\" is the built-in image")
+	}
+	if users, err := m.db.ImageInUse(ctx, img.Name); err != nil {
+		return err
+	} else if len(users) > 0 {
+		return api.Errorf(api.KindConflict, "image %q is used by %d sandbox(es), first %s: remove them or pick another name", img.Name, len(users), users[0][:12])
+	}
+	all := append([]string{}, img.Layers...)
+	for _, ls := range img.MountLayers {
+		all = append(all, ls...)
+	}
+	doc, _ := json.Marshal(img)
+	return m.db.PutImage(ctx, &store.Image{Name: img.Name, ID: img.ID, Layers: all, Size: img.Size, CreatedAt: img.CreatedAt, Doc: doc})
+}
+
+// Commit makes an image of a sandbox's files as they are: each writable
+// layer becomes a read-only layer on top of the sandbox's image.
+func (m *Manager) Commit(ctx context.Context, id string, req api.CommitRequest) (*api.Image, error) {
+	if !validImageName(req.Name) || req.Name == HostImage {
+		return nil, api.FieldError("name", "%q is not a usable image name (lower case letters, digits, ._/:@-; not \"host\")", req.Name)
+	}
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	parent, err := m.Image(ctx, rec.Image)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	img := &api.Image{
+		Name: req.Name, Base: parent.Base, Layers: append([]string{}, parent.Layers...),
+		CreatedAt: time.Now().UTC(), Config: parent.Config, Size: parent.Size,
+	}
+	if parent.Name == HostImage {
+		img.Base = HostImage
+	}
+	for t, ls := range parent.MountLayers {
+		if img.MountLayers == nil {
+			img.MountLayers = map[string][]string{}
+		}
+		img.MountLayers[t] = append([]string{}, ls...)
+	}
+	for _, l := range spec.Layers {
+		upper := filepath.Join(spec.Dir, "upper", l.Name)
+		if empty, _ := dirEmpty(upper); empty {
+			continue
+		}
+		// The upper dir's owners are this sandbox's host ids; the layer
+		// keeps the ids as the sandbox saw them.
+		diffID, size, err := m.images.AddLayerFromDirOptions(ctx, upper, image.DirOptions{IDBase: rec.UIDBase, IDRange: 65536})
+		if err != nil {
+			return nil, fmt.Errorf("commit %s: %w", l.Target, err)
+		}
+		img.Size += size
+		if l.Target == "/" {
+			img.Layers = append(img.Layers, diffID)
+		} else {
+			if img.MountLayers == nil {
+				img.MountLayers = map[string][]string{}
+			}
+			img.MountLayers[l.Target] = append(img.MountLayers[l.Target], diffID)
+		}
+	}
+	if req.Config != nil {
+		img.Config = *req.Config
+	} else {
+		img.Config.Env = append(append([]string{}, img.Config.Env...), rec.Env...)
+		if rec.Workdir != "" {
+			img.Config.Workdir = rec.Workdir
+		}
+		if rec.User != "" {
+			img.Config.User = rec.User
+		}
+	}
+	img.ID = imageID(img)
+	if err := m.putImage(ctx, img); err != nil {
+		return nil, err
+	}
+	m.event(rec.ID, "image.commit", map[string]any{"name": img.Name, "id": img.ID})
+	return img, nil
+}
+
+// imageID is a digest of what makes an image: base, layers and config.
+func imageID(img *api.Image) string {
+	b, _ := json.Marshal(struct {
+		Base        string
+		Layers      []string
+		MountLayers map[string][]string
+		Config      api.ImageConfig
+	}{img.Base, img.Layers, img.MountLayers, img.Config})
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func dirEmpty(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return true, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	return len(names) == 0, err
+}
+
+// PullImage fetches an image from a registry into the layer store.
+func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOptions, name string, progress image.Progress) (*api.Image, error) {
+	if ref == "" {
+		return nil, api.FieldError("ref", "missing: name the image to pull, like docker.io/library/alpine:3.20")
+	}
+	ni, err := m.images.Pull(ctx, ref, opts, progress)
+	if err != nil {
+		return nil, api.Errorf(api.KindInvalid, "pull %s: %v", ref, err)
+	}
+	if name == "" {
+		name = ni.Name
+	}
+	if name == "" {
+		name = ref
+	}
+	name = strings.ToLower(name)
+	if !validImageName(name) || name == HostImage {
+		return nil, api.FieldError("name", "%q is not a usable image name; pass one", name)
+	}
+	img := fromStore(name, ni.Image)
+	if err := m.putImage(ctx, img); err != nil {
+		return nil, err
+	}
+	m.event("", "image.pull", map[string]any{"name": name, "ref": ref, "id": img.ID})
+	return img, nil
+}
+
+func fromStore(name string, si image.Image) *api.Image {
+	c := si.Config
+	return &api.Image{
+		Name: name, ID: si.ID, Layers: si.Layers, Size: si.Size, CreatedAt: time.Now().UTC(),
+		Config: api.ImageConfig{
+			Env: c.Env, Workdir: c.WorkingDir, User: c.User, Cmd: c.Cmd, Entrypoint: c.Entrypoint,
+			ExposedPorts: c.ExposedPorts, Labels: c.Labels,
+		},
+	}
+}
+
+// SaveImages writes images as one OCI archive that den image import (or
+// docker load) reads on another host. Images on the host base cannot be
+// saved: their lower layers are this host's own files.
+func (m *Manager) SaveImages(ctx context.Context, names []string, w io.Writer) error {
+	var imgs []image.SaveImage
+	for _, n := range names {
+		img, err := m.Image(ctx, n)
+		if err != nil {
+			return err
+		}
+		if img.Name == HostImage || img.Base == HostImage {
+			return api.Errorf(api.KindUnsupported, "image %q is built on this host's own files (the host image) and cannot be saved; build from a base image instead", n)
+		}
+		imgs = append(imgs, image.SaveImage{Name: img.Name, Image: image.Image{
+			ID: img.ID, Layers: img.Layers, Size: img.Size,
+			Config: image.Config{Env: img.Config.Env, WorkingDir: img.Config.Workdir, User: img.Config.User, Cmd: img.Config.Cmd,
+				Entrypoint: img.Config.Entrypoint, ExposedPorts: img.Config.ExposedPorts, Labels: img.Config.Labels},
+		}})
+	}
+	return m.images.Save(ctx, w, imgs)
+}
+
+// PruneResult says what a prune removed.
+type PruneResult struct {
+	Images []string `json:"images"`
+	Layers int      `json:"layers"`
+}
+
+// PruneImages removes the build cache not used by any sandbox, and every
+// layer no image uses.
+func (m *Manager) PruneImages(ctx context.Context) (*PruneResult, error) {
+	all, err := m.db.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res := &PruneResult{Images: []string{}}
+	for _, i := range all {
+		if !strings.HasPrefix(i.Name, cachePrefix) {
+			continue
+		}
+		if users, _ := m.db.ImageInUse(ctx, i.Name); len(users) > 0 {
+			continue
+		}
+		if err := m.db.DeleteImage(ctx, i.Name); err == nil {
+			res.Images = append(res.Images, i.Name)
+		}
+	}
+	n, err := m.gcLayers(ctx)
+	res.Layers = n
+	return res, err
+}
+
+// gcLayers removes layers no image refers to.
+func (m *Manager) gcLayers(ctx context.Context) (int, error) {
 	refs, err := m.db.LayerRefs(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	present, err := m.images.Layers()
 	if err != nil {
-		return err
+		return 0, err
 	}
+	n := 0
 	for _, l := range present {
 		if refs[l] == 0 {
 			if err := m.images.RemoveLayer(l); err != nil {
 				m.log.Warn("remove layer", "layer", l, "err", err)
+				continue
 			}
+			n++
 		}
 	}
-	m.event("", "image.remove", map[string]any{"name": name})
-	return nil
+	return n, nil
 }

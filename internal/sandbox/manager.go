@@ -424,27 +424,13 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 
 // spec builds the runtime's view of a sandbox.
 func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) {
-	var layers []isolate.Overlay
-	if rec.Image == HostImage {
-		var err error
-		if layers, err = hostLayers(m.hostImageDir()); err != nil {
-			return nil, err
-		}
-	} else {
-		img, err := m.db.GetImage(ctx, rec.Image)
-		if err != nil {
-			return nil, api.Errorf(api.KindNotFound, "image %q of sandbox %s is gone", rec.Image, rec.ID)
-		}
-		var lowers []string
-		for _, l := range img.Layers {
-			lowers = append(lowers, m.images.LayerPath(l))
-		}
-		if len(lowers) == 0 {
-			dir := filepath.Join(m.cfg.DataDir, "images", "empty")
-			os.MkdirAll(dir, 0o755)
-			lowers = []string{dir}
-		}
-		layers = []isolate.Overlay{{Target: "/", Lowers: lowers, Name: "root"}}
+	img, err := m.Image(ctx, rec.Image)
+	if err != nil {
+		return nil, api.Errorf(api.KindNotFound, "image %q of sandbox %s is gone", rec.Image, rec.ID)
+	}
+	layers, err := m.imageLayers(img)
+	if err != nil {
+		return nil, err
 	}
 	return &isolate.Spec{
 		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),

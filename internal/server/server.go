@@ -104,6 +104,11 @@ func (s *Server) routes() {
 	h("GET /v1/images/{name...}", s.image)
 	h("DELETE /v1/images/{name...}", s.removeImage)
 	h("POST /v1/images/import", s.importImage)
+	h("POST /v1/images/pull", s.pullImage)
+	h("POST /v1/images/build", s.buildImage)
+	h("GET /v1/images/save", s.saveImages)
+	h("POST /v1/images/prune", s.pruneImages)
+	h("POST /v1/sandboxes/{id}/commit", s.commit)
 	h("GET /v1/events", s.events)
 	h("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.KindNotFound, "no route %s %s: see GET /v1/openapi.json", r.Method, r.URL.Path))
