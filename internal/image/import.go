@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/sync/errgroup"
 )
 
 const (
@@ -94,14 +95,16 @@ func (s *Store) importPath(ctx context.Context, p string, progress Progress) ([]
 	if err != nil {
 		return nil, err
 	}
-	return s.importImages(ctx, imgs, progress)
+	return s.importImages(ctx, imgs, &progressState{fn: progress}, 1)
 }
 
-func (s *Store) importImages(ctx context.Context, imgs []srcImage, progress Progress) ([]NamedImage, error) {
+// importImages makes sure every layer of imgs is in the store, unpacking up
+// to parallel layers at a time, and describes the images. On an error,
+// the layers that were complete stay in the store.
+func (s *Store) importImages(ctx context.Context, imgs []srcImage, prog *progressState, parallel int) ([]NamedImage, error) {
 	if len(imgs) == 0 {
 		return nil, errors.New("no images found")
 	}
-	prog := &progressState{fn: progress}
 	var todo []srcLayer
 	planned := map[v1.Hash]bool{}
 	for _, im := range imgs {
@@ -117,16 +120,37 @@ func (s *Store) importImages(ctx context.Context, imgs []srcImage, progress Prog
 		}
 	}
 	sizes := map[v1.Hash]int64{}
-	for _, l := range todo {
-		n, err := s.ensureLayer(ctx, l, prog)
-		if err != nil {
+	if parallel <= 1 {
+		for _, l := range todo {
+			n, err := s.ensureLayer(ctx, l, prog)
+			if err != nil {
+				return nil, err
+			}
+			sizes[l.diffID] = n
+		}
+	} else {
+		var mu sync.Mutex
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(parallel)
+		for _, l := range todo {
+			g.Go(func() error {
+				n, err := s.ensureLayer(gctx, l, prog)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				sizes[l.diffID] = n
+				mu.Unlock()
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
 			return nil, err
 		}
-		sizes[l.diffID] = n
 	}
 	var out []NamedImage
 	for _, im := range imgs {
-		img := Image{ID: im.id.String(), Config: convertConfig(im.config.Config)}
+		img := Image{ID: im.id.String(), Config: convertConfig(im.config.Config), Platform: configPlatform(im.config)}
 		counted := map[v1.Hash]bool{}
 		for _, l := range im.layers {
 			img.Layers = append(img.Layers, l.diffID.String())
@@ -151,6 +175,19 @@ func (s *Store) importImages(ctx context.Context, imgs []srcImage, progress Prog
 		}
 	}
 	return out, nil
+}
+
+// configPlatform returns "os/architecture[/variant]" of an image config, or
+// "" if the config does not say.
+func configPlatform(cf *v1.ConfigFile) string {
+	if cf.OS == "" || cf.Architecture == "" {
+		return ""
+	}
+	p := cf.OS + "/" + cf.Architecture
+	if cf.Variant != "" {
+		p += "/" + cf.Variant
+	}
+	return p
 }
 
 func convertConfig(c v1.Config) Config {
@@ -355,8 +392,8 @@ type sectionReadCloser struct{ *io.SectionReader }
 
 func (sectionReadCloser) Close() error { return nil }
 
-func (a *tarArchive) openEntry(e *archiveEntry) func() (io.ReadCloser, error) {
-	return func() (io.ReadCloser, error) {
+func (a *tarArchive) openEntry(e *archiveEntry) func(context.Context) (io.ReadCloser, error) {
+	return func(context.Context) (io.ReadCloser, error) {
 		return sectionReadCloser{io.NewSectionReader(a.f, e.off, e.size)}, nil
 	}
 }
@@ -652,7 +689,7 @@ func (s *Store) readLayoutImage(dir string, img v1.Image, d v1.Descriptor, a *ta
 			l.open = a.openEntry(e)
 		} else {
 			digest := ld.Digest
-			l.open = func() (io.ReadCloser, error) {
+			l.open = func(context.Context) (io.ReadCloser, error) {
 				layer, err := img.LayerByDigest(digest)
 				if err != nil {
 					return nil, err

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/gzip"
@@ -24,7 +25,8 @@ type srcLayer struct {
 	diffID v1.Hash // from the config's rootfs.diff_ids
 	digest v1.Hash // compressed digest from the manifest; zero when unknown
 	size   int64   // compressed size from the manifest; -1 when unknown
-	open   func() (io.ReadCloser, error)
+	// open opens the compressed blob; a registry download is bound to ctx.
+	open func(ctx context.Context) (io.ReadCloser, error)
 }
 
 var (
@@ -114,9 +116,15 @@ func (c *countingReader) digest() v1.Hash {
 	return v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(c.h.Sum(nil))}
 }
 
-// progressState reports progress for one import.
+// progressState reports progress for one import or pull. It is safe for
+// concurrent use, and never calls its callbacks concurrently.
 type progressState struct {
-	fn          Progress
+	fn Progress
+	// layer, if set, receives per-layer progress: the bytes of the
+	// compressed blob of diffID read so far and the blob's size.
+	layer func(diffID string, done, total int64)
+
+	mu          sync.Mutex
 	done, total int64
 	lastReport  int64
 }
@@ -125,6 +133,8 @@ func (p *progressState) add(n int64, what string) {
 	if p == nil || p.fn == nil {
 		return
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.done += n
 	if p.done-p.lastReport >= 1<<20 || p.done == p.total {
 		p.lastReport = p.done
@@ -136,8 +146,45 @@ func (p *progressState) report(what string) {
 	if p == nil || p.fn == nil {
 		return
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.lastReport = p.done
 	p.fn(p.done, p.total, what)
+}
+
+// layerProgress tracks the progress of one layer blob; its methods are
+// called by one goroutine. A nil *layerProgress does nothing.
+type layerProgress struct {
+	p                 *progressState
+	diffID            string
+	done, total, last int64
+}
+
+func (p *progressState) forLayer(diffID string, total int64) *layerProgress {
+	if p == nil || p.layer == nil {
+		return nil
+	}
+	return &layerProgress{p: p, diffID: diffID, total: total}
+}
+
+func (l *layerProgress) add(n int64) {
+	if l == nil {
+		return
+	}
+	l.done += n
+	if l.done-l.last >= 1<<20 || l.done == l.total {
+		l.report()
+	}
+}
+
+func (l *layerProgress) report() {
+	if l == nil {
+		return
+	}
+	l.last = l.done
+	l.p.mu.Lock()
+	defer l.p.mu.Unlock()
+	l.p.layer(l.diffID, l.done, l.total)
 }
 
 // ensureLayer makes sure layer l is unpacked in the store, unpacking and
@@ -149,24 +196,16 @@ func (s *Store) ensureLayer(ctx context.Context, l srcLayer, prog *progressState
 		return s.layerSize(hx)
 	}
 	what := "layer " + id
-	tmp, err := os.MkdirTemp(s.tmp, "layer-"+hx[:12]+"-")
+	tmp, root, err := s.newLayerDir("layer-" + hx[:12])
 	if err != nil {
 		return 0, fmt.Errorf("layer %s: %w", id, err)
 	}
-	root := filepath.Join(tmp, "root")
 	ok := false
 	defer func() {
 		if !ok {
 			removeAll(tmp)
 		}
 	}()
-	if err := os.Mkdir(root, 0o755); err != nil {
-		return 0, fmt.Errorf("layer %s: %w", id, err)
-	}
-	// The mode of the future layer directory; Mkdir applied the umask.
-	if err := os.Chmod(root, 0o755); err != nil {
-		return 0, fmt.Errorf("layer %s: %w", id, err)
-	}
 
 	stats, err := s.unpackVerified(ctx, l, root, prog, what)
 	if err != nil {
@@ -181,13 +220,41 @@ func (s *Store) ensureLayer(ctx context.Context, l srcLayer, prog *progressState
 	if err := s.writeMeta(hx, layerMeta{Size: stats.Size, Entries: stats.Entries, SkippedDevices: stats.SkippedDevices}); err != nil {
 		return 0, fmt.Errorf("layer %s: %w", id, err)
 	}
-	// Atomically publish the complete, verified layer. If another import
-	// published it meanwhile, keep that one.
+	if err := s.publish(tmp, root, hx); err != nil {
+		return 0, fmt.Errorf("layer %s: %w", id, err)
+	}
+	ok = true
+	return stats.Size, nil
+}
+
+// newLayerDir makes a new directory under tmp holding an empty directory
+// "root" (mode 0755): the future layer.
+func (s *Store) newLayerDir(prefix string) (tmp, root string, err error) {
+	tmp, err = os.MkdirTemp(s.tmp, prefix+"-")
+	if err != nil {
+		return "", "", err
+	}
+	root = filepath.Join(tmp, "root")
+	if err = os.Mkdir(root, 0o755); err == nil {
+		// The mode of the future layer directory; Mkdir applied the umask.
+		err = os.Chmod(root, 0o755)
+	}
+	if err != nil {
+		removeAll(tmp)
+		return "", "", err
+	}
+	return tmp, root, nil
+}
+
+// publish atomically moves the complete, verified layer root (made by
+// newLayerDir) to layers/<hx> and removes tmp. If the layer was published
+// meanwhile (by a concurrent import), that one is kept.
+func (s *Store) publish(tmp, root, hx string) error {
 	dst := filepath.Join(s.layers, hx)
-	err = unix.Renameat2(unix.AT_FDCWD, root, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+	err := unix.Renameat2(unix.AT_FDCWD, root, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 		// No RENAME_NOREPLACE on this filesystem.
-		if s.HasLayer(id) {
+		if s.HasLayer("sha256:" + hx) {
 			err = unix.EEXIST
 		} else {
 			err = os.Rename(root, dst)
@@ -199,17 +266,16 @@ func (s *Store) ensureLayer(ctx context.Context, l srcLayer, prog *progressState
 	case errors.Is(err, unix.EEXIST), errors.Is(err, unix.ENOTEMPTY):
 		removeAll(tmp)
 	default:
-		return 0, fmt.Errorf("layer %s: publishing: %w", id, err)
+		return fmt.Errorf("publishing: %w", err)
 	}
-	ok = true
-	return stats.Size, nil
+	return nil
 }
 
 // unpackVerified streams the layer blob through the compressed-digest
 // check, the decompressor, the diffID check and the unpacker into root.
 func (s *Store) unpackVerified(ctx context.Context, l srcLayer, root string, prog *progressState, what string) (unpackStats, error) {
 	id := l.diffID.String()
-	rc, err := l.open()
+	rc, err := l.open(ctx)
 	if err != nil {
 		return unpackStats{}, fmt.Errorf("layer %s: opening blob: %w", id, err)
 	}
@@ -219,8 +285,9 @@ func (s *Store) unpackVerified(ctx context.Context, l srcLayer, root string, pro
 	if l.size >= 0 {
 		compLimit = l.size
 	}
+	lp := prog.forLayer(id, l.size)
 	comp := &countingReader{ctx: ctx, r: rc, h: sha256.New(), limit: compLimit,
-		onRead: func(n int64) { prog.add(n, what) }}
+		onRead: func(n int64) { prog.add(n, what); lp.add(n) }}
 	// verifyCompressed checks the compressed stream once fully read.
 	verifyCompressed := func() error {
 		if comp.exceeded {
@@ -245,7 +312,9 @@ func (s *Store) unpackVerified(ctx context.Context, l srcLayer, root string, pro
 			return err // a well-formed but refused layer: no need to read on
 		}
 		if l.digest.Hex != "" && l.size >= 0 && ctx.Err() == nil && !comp.exceeded {
-			if _, cerr := io.Copy(io.Discard, comp); cerr == nil || cerr == errLimit {
+			// A source that verifies the blob itself (a registry download)
+			// fails the read that reaches the end: all bytes are in then.
+			if _, cerr := io.Copy(io.Discard, comp); cerr == nil || cerr == errLimit || comp.n == l.size {
 				if verr := verifyCompressed(); verr != nil {
 					return fmt.Errorf("%w (%v)", verr, err)
 				}
@@ -277,6 +346,12 @@ func (s *Store) unpackVerified(ctx context.Context, l srcLayer, root string, pro
 	}
 	if err == nil {
 		_, err = io.Copy(io.Discard, comp)
+		if err != nil && ctx.Err() == nil && l.size >= 0 && comp.n == l.size && !comp.exceeded {
+			// The source's own check failed at the end; ours says more.
+			if verr := verifyCompressed(); verr != nil {
+				return stats, verr
+			}
+		}
 	}
 	if uncomp.exceeded {
 		return stats, tooBig()
@@ -297,5 +372,8 @@ func (s *Store) unpackVerified(ctx context.Context, l srcLayer, root string, pro
 		return stats, fmt.Errorf("layer %s: uncompressed digest mismatch: the config's diffID is %s, the layer's content is %s", id, l.diffID, got)
 	}
 	prog.report(what)
+	if lp != nil && lp.last != lp.done {
+		lp.report()
+	}
 	return stats, nil
 }

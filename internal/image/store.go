@@ -75,10 +75,16 @@ type Store struct {
 // NamedImage is an image found in an archive together with its name: a repo
 // tag of a `docker save` tarball, or the io.containerd.image.name or
 // org.opencontainers.image.ref.name annotation of an OCI index entry. Name is
-// "" when the archive does not name the image.
+// "" when the archive does not name the image. For Pull, Name is the
+// reference as the caller gave it.
 type NamedImage struct {
-	Name  string
-	Image Image
+	Name string
+	// Canonical is set by Pull only: the fully qualified reference,
+	// "registry/repository:tag" or "registry/repository@sha256:<hex>",
+	// with Docker Hub spelled docker.io, e.g. "alpine" gives
+	// "docker.io/library/alpine:latest".
+	Canonical string
+	Image     Image
 }
 
 // Image describes an imported image whose layers are all in the store.
@@ -91,6 +97,9 @@ type Image struct {
 	Config Config
 	// Size is the number of unpacked bytes (file contents) of all layers.
 	Size int64
+	// Platform is "os/architecture[/variant]" from the image config, e.g.
+	// "linux/amd64", or "" if the config does not say.
+	Platform string
 }
 
 // Config is the part of the image configuration den uses to run a sandbox.

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"archive/tar"
+	"bufio"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -356,6 +358,27 @@ func (m *Manager) copyStep(ctx context.Context, id, contextDir string, cur *api.
 			return api.Errorf(api.KindInvalid, "Dockerfile line %d: --chmod=%s is not an octal mode", ins.Line, cm)
 		}
 	}
+	ag, _, err := m.Agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	if ins.Cmd == "ADD" {
+		// ADD unpacks local tar archives (plain or gzip) into dest, as
+		// docker build does; other sources are copied.
+		var rest []build.Source
+		for _, src := range srcs {
+			if src.Dir || !isTarName(src.Path) {
+				rest = append(rest, src)
+				continue
+			}
+			if err := m.addArchive(ctx, ag, filepath.Join(contextDir, filepath.FromSlash(src.Path)), strings.TrimSuffix(dest, "/")); err != nil {
+				return fmt.Errorf("Dockerfile line %d: ADD %s: %w", ins.Line, src.Path, err)
+			}
+		}
+		if srcs = rest; len(srcs) == 0 {
+			return nil
+		}
+	}
 	// A directory destination (trailing slash or several sources) takes
 	// files by name; a single file source is renamed to dest.
 	toDir := strings.HasSuffix(dest, "/") || len(srcs) > 1
@@ -363,10 +386,6 @@ func (m *Manager) copyStep(ctx context.Context, id, contextDir string, cur *api.
 	go func() {
 		pw.CloseWithError(writeBuildTar(pw, contextDir, srcs, dest, toDir, uid, gid, chmod))
 	}()
-	ag, _, err := m.Agent(ctx, id)
-	if err != nil {
-		return err
-	}
 	resp, err := ag.Do(ctx, "PUT", "/archive", map[string][]string{"path": {"/"}}, pr, nil)
 	if err != nil {
 		pr.CloseWithError(err)
@@ -531,4 +550,40 @@ func (m *Manager) BuildDebian(ctx context.Context, suite, tag string, out io.Wri
 
 func validSuite(s string) bool {
 	return wordOK(s, 32, "-", true)
+}
+
+func isTarName(p string) bool {
+	for _, ext := range []string{".tar", ".tar.gz", ".tgz"} {
+		if strings.HasSuffix(strings.ToLower(p), ext) {
+			return true
+		}
+	}
+	return false
+}
+
+// addArchive unpacks a local tar (gzip or not) into dir in the sandbox;
+// the agent refuses entries that would leave dir.
+func (m *Manager) addArchive(ctx context.Context, ag *agent.Client, file, dir string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var r io.Reader = f
+	br := bufio.NewReader(f)
+	r = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return err
+		}
+		defer zr.Close()
+		r = zr
+	}
+	resp, err := ag.Do(ctx, "PUT", "/archive", map[string][]string{"path": {dir}}, r, nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
 }

@@ -118,6 +118,13 @@ CMD ["run"]
 		".dockerignore": "secret.txt\n",
 		"secret.txt":    "nope",
 	}
+	var vendored bytes.Buffer
+	tw := tar.NewWriter(&vendored)
+	tw.WriteHeader(&tar.Header{Name: "lib/vendored.txt", Mode: 0o644, Size: 3})
+	tw.Write([]byte("lib"))
+	tw.Close()
+	files["vendor.tar"] = vendored.String()
+	files["Dockerfile"] += "ADD vendor.tar /opt/vendor/\n"
 	img, berr, out := e.build(t, "t=app&build-arg=GREETING=hi", files)
 	if berr != nil {
 		t.Fatalf("build: %v\n%s", berr, out)
@@ -126,25 +133,25 @@ CMD ["run"]
 	if img.Name != "app" || c.Workdir != "/app" || c.User != "nobody" || len(c.Cmd) != 1 || c.Cmd[0] != "run" || len(c.ExposedPorts) != 1 {
 		t.Fatalf("image: %+v", img)
 	}
-	if !strings.Contains(out, "Step 10/10") || !strings.Contains(out, "a.txt") {
+	if !strings.Contains(out, "Step 11/11") || !strings.Contains(out, "a.txt") {
 		t.Fatalf("build output: %q", out)
 	}
 	sb := e.create(t, api.CreateRequest{Image: "app"})
-	r := e.sh(t, sb.ID, "cat /app/greeting; cat src/a.txt src/sub/b.txt; echo; run; ls /app/secret.txt 2>&1 | grep -c 'No such'")
-	if string(r.Stdout) != "hi from /app\nab\nrunning as nobody in /app\n1\n" {
+	r := e.sh(t, sb.ID, "cat /app/greeting; cat src/a.txt src/sub/b.txt; echo; run; ls /app/secret.txt 2>&1 | grep -c 'No such'; cat /opt/vendor/lib/vendored.txt")
+	if string(r.Stdout) != "hi from /app\nab\nrunning as nobody in /app\n1\nlib" {
 		t.Fatalf("sandbox from the build: %q %q", r.Stdout, r.Stderr)
 	}
 	// Nothing changed: every step comes from the cache, quickly.
 	start := time.Now()
 	_, berr, out = e.build(t, "t=app2&build-arg=GREETING=hi", files)
-	if berr != nil || strings.Count(out, "using cache") != 4 {
+	if berr != nil || strings.Count(out, "using cache") != 5 {
 		t.Fatalf("rebuild: %v %q", berr, out)
 	}
 	t.Logf("cached rebuild took %v", time.Since(start))
 	// Changing one input reruns that step and what follows only.
 	files["run.sh"] = "#!/bin/sh\necho v2\n"
 	_, berr, out = e.build(t, "t=app3&build-arg=GREETING=hi", files)
-	if berr != nil || strings.Count(out, "using cache") != 2 {
+	if berr != nil || strings.Count(out, "using cache") != 2 || !strings.Contains(out, "Step 11/11 : ADD vendor.tar /opt/vendor/\n --->") {
 		t.Fatalf("partial rebuild: %v %q", berr, out)
 	}
 	// Errors name the line.
