@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -189,4 +191,26 @@ CMD ["run"]
 	if r := e.sh(t, sb2.ID, "run"); string(r.Stdout) != "v2\n" {
 		t.Fatalf("after prune: %q %q", r.Stdout, r.Stderr)
 	}
+}
+
+// The Debian base needs mmdebstrap and the host's Debian mirror (the one
+// scripts/deps.sh installs packages from); DEN_TEST_DEBIAN=0 skips it.
+func TestDebianBase(t *testing.T) {
+	if os.Getenv("DEN_TEST_DEBIAN") == "0" {
+		t.Skip("DEN_TEST_DEBIAN=0")
+	}
+	if _, err := exec.LookPath("mmdebstrap"); err != nil {
+		t.Skip("mmdebstrap is not installed (apt-get install mmdebstrap; scripts/deps.sh does)")
+	}
+	e := newEnv(t)
+	img, berr, out := e.build(t, "t=debian&debian=bookworm", nil)
+	if berr != nil {
+		t.Fatalf("debian: %v\n%s", berr, out)
+	}
+	sb := e.create(t, api.CreateRequest{Image: img.Name})
+	r := e.sh(t, sb.ID, ". /etc/os-release; echo $VERSION_CODENAME; dpkg -l | grep -c '^ii'")
+	if !strings.HasPrefix(string(r.Stdout), "bookworm\n") {
+		t.Fatalf("debian sandbox: %q %q", r.Stdout, r.Stderr)
+	}
+	t.Logf("debian image: %d bytes, %s packages", img.Size, strings.TrimSpace(strings.Split(string(r.Stdout), "\n")[1]))
 }
