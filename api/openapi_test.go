@@ -402,6 +402,11 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"Session":       Session{},
 		"TTYControl":    TTYControl{},
 		"WindowSize":    WindowSize{},
+		"PullRequest":   PullRequest{},
+		"CommitRequest": CommitRequest{},
+		// The prune answer has no type in this package; pruneResult
+		// mirrors the daemon's.
+		"PruneResult": pruneResult{},
 	}
 	for name, v := range types {
 		s := obj(schemas[name])
@@ -427,11 +432,17 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 	}
 
 	// The server rejects unknown fields in request bodies.
-	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits"} {
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "PullRequest", "CommitRequest"} {
 		if obj(schemas[name])["additionalProperties"] != false {
 			t.Errorf("request schema %s: want additionalProperties: false", name)
 		}
 	}
+}
+
+// pruneResult is the answer of POST /v1/images/prune.
+type pruneResult struct {
+	Images []string `json:"images"`
+	Layers int      `json:"layers"`
 }
 
 func TestOpenAPIErrorKinds(t *testing.T) {
@@ -489,5 +500,35 @@ func TestOpenAPIExecForms(t *testing.T) {
 	content := obj(obj(obj(op["responses"])["200"])["content"])
 	if content["application/json"] == nil || content[StreamContentType] == nil {
 		t.Errorf("exec 200 answer: want application/json and %s forms, got %v", StreamContentType, keys(content))
+	}
+}
+
+// TestOpenAPIImageStreams checks that pull and build answer JSON or, with
+// Accept: application/x-ndjson, a stream of lines ending with the image or
+// an error document.
+func TestOpenAPIImageStreams(t *testing.T) {
+	doc := openAPIDoc(t)
+	for p, line := range map[string]string{"/v1/images/pull": "PullLine", "/v1/images/build": "BuildLine", "/v1/images/import": "ImportLine"} {
+		op := obj(obj(obj(doc["paths"])[p])["post"])
+		content := obj(obj(obj(op["responses"])["200"])["content"])
+		if content["application/json"] == nil || content["application/x-ndjson"] == nil {
+			t.Errorf("%s 200 answer: want application/json and application/x-ndjson forms, got %v", p, keys(content))
+			continue
+		}
+		checkSchemaRef(t, p+" ndjson answer", obj(obj(content["application/x-ndjson"])["schema"]), line, false)
+		var forms []string
+		for _, s := range asList(obj(obj(obj(doc["components"])["schemas"])[line])["oneOf"]) {
+			forms = append(forms, fmt.Sprint(obj(s)["$ref"]))
+		}
+		if len(forms) == 0 || forms[len(forms)-1] != "#/components/schemas/ErrorDoc" {
+			t.Errorf("%s: the lines %v do not end with the ErrorDoc form", line, forms)
+		}
+	}
+	build := obj(obj(obj(doc["paths"])["/v1/images/build"])["post"])
+	if obj(build["requestBody"])["required"] != false {
+		t.Error("build: the body must be optional (?debian takes none)")
+	}
+	if obj(obj(obj(build["requestBody"])["content"])["application/x-tar"]) == nil {
+		t.Error("build: the body is a tar of the build context")
 	}
 }

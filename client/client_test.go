@@ -71,6 +71,11 @@ var routes = []string{
 	"GET /v1/images",
 	"GET /v1/images/{name}",
 	"POST /v1/images/import",
+	"POST /v1/images/pull",
+	"POST /v1/images/build",
+	"POST /v1/sandboxes/{id}/commit",
+	"GET /v1/images/save",
+	"POST /v1/images/prune",
 	"DELETE /v1/images/{name}",
 	"GET /v1/events",
 }
@@ -270,6 +275,26 @@ func TestRequests(t *testing.T) {
 				{"import", jsonAnswer(200, []*api.Image{img}),
 					func() (any, error) { return c.ImportImage(ctx, "alpine:3.20", strings.NewReader("OCI"), nil) },
 					"POST", "/v1/images/import", "name=alpine%3A3.20", "OCI", []*api.Image{img}},
+				{"pull", jsonAnswer(200, img),
+					func() (any, error) {
+						return c.PullImage(ctx, api.PullRequest{Ref: "alpine:3.20", Name: "a", Username: "u", Password: "p", Insecure: true, Platform: "linux/arm64"}, nil)
+					},
+					"POST", "/v1/images/pull", "",
+					`{"ref":"alpine:3.20","name":"a","username":"u","password":"p","insecure":true,"platform":"linux/arm64"}`, img},
+				{"commit", jsonAnswer(201, img),
+					func() (any, error) { return c.Commit(ctx, "web", api.CommitRequest{Name: "snap:1"}) },
+					"POST", "/v1/sandboxes/web/commit", "", `{"name":"snap:1"}`, img},
+				{"commit with config", jsonAnswer(201, img),
+					func() (any, error) {
+						return c.Commit(ctx, "web", api.CommitRequest{Name: "snap:1", Config: &api.ImageConfig{Workdir: "/src", Cmd: []string{"make"}}})
+					},
+					"POST", "/v1/sandboxes/web/commit", "", `{"name":"snap:1","config":{"workdir":"/src","cmd":["make"]}}`, img},
+				{"prune", jsonAnswer(200, map[string]any{"images": []string{"den-cache/x"}, "layers": 3}),
+					func() (any, error) {
+						imgs, n, err := c.PruneImages(ctx)
+						return map[string]any{"images": imgs, "layers": n}, err
+					},
+					"POST", "/v1/images/prune", "", "", map[string]any{"images": []string{"den-cache/x"}, "layers": 3}},
 				{"events", jsonAnswer(200, []*api.Event{{Seq: 7, Type: "exec.end", Time: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}}),
 					func() (any, error) {
 						return c.Events(ctx, EventFilter{Sandbox: "0123", Type: "exec.", After: 6, Limit: 10,
@@ -777,6 +802,151 @@ func TestImportProgress(t *testing.T) {
 	f.reset(rawAnswer(200, "application/x-ndjson", `{"progress":{"done":1,"total":0,"what":"reading"}}`+"\n"))
 	if _, err := c.ImportImage(ctx, "x", strings.NewReader("junk"), func(int64, int64, string) {}); err == nil {
 		t.Error("import stream without a result is not an error")
+	}
+}
+
+func TestPullProgress(t *testing.T) {
+	f := newFake(t, false)
+	c := New(f.host)
+	img := &api.Image{Name: "alpine:3.20", ID: "sha256:abc"}
+	f.reset(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, `{"progress":{"done":5,"total":10,"what":"layer sha256:aa"}}`+"\n")
+		json.NewEncoder(w).Encode(map[string]any{"image": img})
+	})
+	var got []string
+	res, err := c.PullImage(ctx, api.PullRequest{Ref: "alpine:3.20"}, func(done, total int64, what string) {
+		got = append(got, what+":"+itoa(done)+"/"+itoa(total))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(res, img) || strings.Join(got, " ") != "layer sha256:aa:5/10" {
+		t.Errorf("pull gave %+v, progress %q", res, got)
+	}
+	r := f.last()
+	if r.Header.Get("Accept") != "application/x-ndjson" || string(r.Body) != `{"ref":"alpine:3.20"}` {
+		t.Errorf("pull sent Accept %q body %s", r.Header.Get("Accept"), r.Body)
+	}
+
+	f.reset(rawAnswer(200, "application/x-ndjson", `{"error":{"kind":"invalid","message":"pull nosuch: 404 Not Found"}}`+"\n"))
+	if _, err := c.PullImage(ctx, api.PullRequest{Ref: "nosuch"}, func(int64, int64, string) {}); !errors.Is(err, api.ErrInvalid) || err.Error() != "pull nosuch: 404 Not Found" {
+		t.Errorf("pull error line: %v", err)
+	}
+	f.reset(rawAnswer(200, "application/x-ndjson", `{"progress":{"done":1,"total":2,"what":"x"}}`+"\n"))
+	if _, err := c.PullImage(ctx, api.PullRequest{Ref: "a"}, func(int64, int64, string) {}); err == nil || !strings.Contains(err.Error(), "without a result") {
+		t.Errorf("pull stream without a result: %v", err)
+	}
+	// A status error comes before any stream.
+	f.reset(jsonAnswer(400, api.ErrorDoc{Error: &api.Error{Kind: api.KindInvalid, Message: "ref: missing"}}))
+	if _, err := c.PullImage(ctx, api.PullRequest{Ref: "a"}, func(int64, int64, string) {}); !errors.Is(err, api.ErrInvalid) {
+		t.Errorf("pull 400: %v", err)
+	}
+	f.reset(nil)
+	if _, err := c.PullImage(ctx, api.PullRequest{}, nil); !errors.Is(err, api.ErrInvalid) {
+		t.Errorf("pull without a ref: %v", err)
+	}
+}
+
+func TestBuildImage(t *testing.T) {
+	f := newFake(t, true)
+	c := New(f.host)
+	img := &api.Image{Name: "app", ID: "sha256:abc"}
+	f.reset(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		enc.Encode(map[string]string{"stream": "Step 1/2 : FROM host\n"})
+		enc.Encode(map[string]string{"stream": "Step 2/2 : RUN make\n"})
+		enc.Encode(map[string]string{"stream": "ok\n"})
+		enc.Encode(map[string]any{"image": img})
+	})
+	var out bytes.Buffer
+	res, err := c.BuildImage(ctx, strings.NewReader("TAR"), BuildOptions{Tag: "app", Dockerfile: "sub/Dockerfile",
+		BuildArgs: map[string]string{"B": "2", "A": "x=y"}, NoCache: true, Timeout: 30 * time.Minute}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(res, img) || out.String() != "Step 1/2 : FROM host\nStep 2/2 : RUN make\nok\n" {
+		t.Errorf("build gave %+v, output %q", res, out.String())
+	}
+	r := f.last()
+	if r.Method != "POST" || r.Path != "/v1/images/build" ||
+		r.Query != "build-arg=A%3Dx%3Dy&build-arg=B%3D2&dockerfile=sub%2FDockerfile&no-cache=true&t=app&timeout=30m0s" {
+		t.Errorf("build sent %s %s?%s", r.Method, r.Path, r.Query)
+	}
+	if string(r.Body) != "TAR" || r.Header.Get("Content-Type") != "application/x-tar" || r.Header.Get("Accept") != "application/x-ndjson" {
+		t.Errorf("build sent body %q, Content-Type %q, Accept %q", r.Body, r.Header.Get("Content-Type"), r.Header.Get("Accept"))
+	}
+
+	// An error line is an *api.Error; the output before it was written.
+	f.reset(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, `{"stream":"Step 1/1 : RUN false\n"}`+"\n")
+		io.WriteString(w, `{"error":{"kind":"invalid","message":"Dockerfile line 2: RUN false: exit code 1"}}`+"\n")
+	})
+	out.Reset()
+	_, err = c.BuildImage(ctx, strings.NewReader("TAR"), BuildOptions{Tag: "app"}, &out)
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Kind != api.KindInvalid || ae.Message != "Dockerfile line 2: RUN false: exit code 1" {
+		t.Errorf("build error line: %v", err)
+	}
+	if out.String() != "Step 1/1 : RUN false\n" {
+		t.Errorf("output before the error %q", out.String())
+	}
+	if r := f.last(); r.Query != "t=app" {
+		t.Errorf("build with defaults sent ?%s", r.Query)
+	}
+
+	// Debian: no body; a nil output is fine.
+	f.reset(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, `{"stream":"Running mmdebstrap\n"}`+"\n")
+		json.NewEncoder(w).Encode(map[string]any{"image": img})
+	})
+	if res, err := c.BuildImage(ctx, strings.NewReader("ignored"), BuildOptions{Tag: "debian", Debian: "bookworm"}, nil); err != nil || res.Name != "app" {
+		t.Errorf("debian build: %v %+v", err, res)
+	}
+	if r := f.last(); r.Query != "debian=bookworm&t=debian" || len(r.Body) != 0 || r.Header.Get("Content-Type") != "" {
+		t.Errorf("debian build sent ?%s body %q Content-Type %q", r.Query, r.Body, r.Header.Get("Content-Type"))
+	}
+
+	// A daemon answering plain JSON, and a status error.
+	f.reset(jsonAnswer(200, img))
+	if res, err := c.BuildImage(ctx, strings.NewReader("TAR"), BuildOptions{Tag: "app"}, nil); err != nil || !reflect.DeepEqual(res, img) {
+		t.Errorf("build with a JSON answer: %v %+v", err, res)
+	}
+	f.reset(jsonAnswer(413, api.ErrorDoc{Error: &api.Error{Kind: api.KindTooLarge, Message: "build context over 4294967296 bytes"}}))
+	if _, err := c.BuildImage(ctx, strings.NewReader("TAR"), BuildOptions{Tag: "app"}, nil); !errors.Is(err, api.ErrTooLarge) {
+		t.Errorf("build 413: %v", err)
+	}
+	if _, err := c.BuildImage(ctx, nil, BuildOptions{}, nil); !errors.Is(err, api.ErrInvalid) {
+		t.Errorf("build without a tag: %v", err)
+	}
+}
+
+func TestSaveImages(t *testing.T) {
+	f := newFake(t, false)
+	c := New(f.host)
+	f.reset(rawAnswer(200, "application/x-tar", "OCI TAR"))
+	rc, err := c.SaveImages(ctx, []string{"a:1", "reg.example/b:2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "OCI TAR" {
+		t.Errorf("save gave %q", b)
+	}
+	r := f.last()
+	if r.Method != "GET" || r.Path != "/v1/images/save" || r.Query != "name=a%3A1&name=reg.example%2Fb%3A2" || r.Header.Get("Accept") != "application/x-tar" {
+		t.Errorf("save sent %s %s?%s Accept %q", r.Method, r.Path, r.Query, r.Header.Get("Accept"))
+	}
+	f.reset(jsonAnswer(501, api.ErrorDoc{Error: &api.Error{Kind: api.KindUnsupported, Message: "image \"x\" is built on this host's own files"}}))
+	if _, err := c.SaveImages(ctx, []string{"x"}); !errors.Is(err, api.ErrUnsupported) {
+		t.Errorf("save 501: %v", err)
+	}
+	if _, err := c.SaveImages(ctx, nil); !errors.Is(err, api.ErrInvalid) {
+		t.Errorf("save of nothing: %v", err)
 	}
 }
 

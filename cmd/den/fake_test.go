@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -67,6 +68,18 @@ type fakeDaemon struct {
 	sessions  map[string][]*api.Session // sandbox id → its shell sessions
 	ttyMsgs   map[string][]string       // proc → the messages its terminal got: "bin:..." or "text:..."
 	attached  chan string               // the proc of each terminal connection
+	pulls     []api.PullRequest         // bodies of POST images/pull
+	builds    []fakeBuild               // POST images/build requests
+	commits   []api.CommitRequest       // bodies of POST commit
+}
+
+// fakeBuild is one build request: its query and, for a Dockerfile build,
+// the entries of the context tar (name → contents; directories end in /,
+// symlinks are "-> target").
+type fakeBuild struct {
+	query   url.Values
+	entries map[string]string
+	order   []string
 }
 
 // fakeProc is a background process. Its command is one of exec's; besides,
@@ -115,7 +128,8 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 				if !errors.As(err, &e) {
 					e = &api.Error{Kind: api.KindInternal, Message: err.Error()}
 				}
-				status := map[string]int{api.KindInvalid: 400, api.KindNotFound: 404, api.KindConflict: 409, api.KindExists: 409}[e.Kind]
+				status := map[string]int{api.KindInvalid: 400, api.KindNotFound: 404, api.KindConflict: 409, api.KindExists: 409,
+					api.KindTooLarge: 413, api.KindUnsupported: 501}[e.Kind]
 				if status == 0 {
 					status = 500
 				}
@@ -243,6 +257,13 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 		return nil
 	})
 	handle("POST /v1/images/import", f.importImage)
+	handle("POST /v1/images/pull", f.pullImage)
+	handle("POST /v1/images/build", f.buildImage)
+	handle("POST /v1/sandboxes/{id}/commit", f.commit)
+	handle("GET /v1/images/save", f.saveImages)
+	handle("POST /v1/images/prune", func(w http.ResponseWriter, r *http.Request) error {
+		return writeJSON(w, 200, map[string]any{"images": []string{"den-cache/0123", "den-cache/4567"}, "layers": 3})
+	})
 	handle("GET /v1/events", func(w http.ResponseWriter, r *http.Request) error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -891,6 +912,176 @@ func (f *fakeDaemon) importImage(w http.ResponseWriter, r *http.Request) error {
 	}
 	enc.Encode(map[string]any{"progress": map[string]any{"done": 1, "total": 1, "what": "config"}})
 	return enc.Encode(map[string]any{"images": []*api.Image{img}})
+}
+
+// decodeStrict decodes a JSON request body, refusing unknown fields as
+// the daemon does.
+func decodeStrict(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return api.Errorf(api.KindInvalid, "bad body: %v", err)
+	}
+	return nil
+}
+
+// pullImage pulls anything but a reference starting with "nosuch", which
+// fails after the first progress line.
+func (f *fakeDaemon) pullImage(w http.ResponseWriter, r *http.Request) error {
+	var req api.PullRequest
+	if err := decodeStrict(r, &req); err != nil {
+		return err
+	}
+	if req.Ref == "" {
+		return api.FieldError("ref", "missing")
+	}
+	f.mu.Lock()
+	f.pulls = append(f.pulls, req)
+	f.mu.Unlock()
+	name := req.Name
+	if name == "" {
+		name = req.Ref
+	}
+	img := &api.Image{Name: name, ID: "sha256:feedfacefeedface", Layers: []string{"sha256:aaaa"}, Size: 3 << 20, CreatedAt: time.Now()}
+	fail := strings.HasPrefix(req.Ref, "nosuch")
+	if r.Header.Get("Accept") != "application/x-ndjson" {
+		if fail {
+			return api.Errorf(api.KindInvalid, "pull %s: manifest unknown", req.Ref)
+		}
+	} else {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		enc.Encode(map[string]any{"progress": map[string]any{"done": 1 << 20, "total": 3 << 20, "what": "layer sha256:aaaa"}})
+		if fail {
+			return enc.Encode(api.ErrorDoc{Error: api.Errorf(api.KindInvalid, "pull %s: manifest unknown", req.Ref)})
+		}
+		enc.Encode(map[string]any{"progress": map[string]any{"done": 3 << 20, "total": 3 << 20, "what": "layer sha256:aaaa"}})
+	}
+	f.mu.Lock()
+	f.images[name] = img
+	f.mu.Unlock()
+	if r.Header.Get("Accept") != "application/x-ndjson" {
+		return writeJSON(w, 200, img)
+	}
+	return json.NewEncoder(w).Encode(map[string]any{"image": img})
+}
+
+// buildImage reads the context tar and "runs" the Dockerfile: each line is
+// a step; a line "RUN false" fails the build, naming the line.
+func (f *fakeDaemon) buildImage(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	b := fakeBuild{query: q, entries: map[string]string{}}
+	if q.Get("t") == "" {
+		return api.FieldError("t", "missing: name the image (?t=NAME)")
+	}
+	var lines []string
+	if suite := q.Get("debian"); suite != "" {
+		if body, _ := io.ReadAll(r.Body); len(body) > 0 {
+			return api.Errorf(api.KindInvalid, "a debian build takes no body")
+		}
+		lines = []string{"Running mmdebstrap " + suite}
+	} else {
+		tr := tar.NewReader(r.Body)
+		for {
+			hdr, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return api.Errorf(api.KindInvalid, "build context: %v", err)
+			}
+			body, _ := io.ReadAll(tr)
+			switch hdr.Typeflag {
+			case tar.TypeSymlink:
+				body = []byte("-> " + hdr.Linkname)
+			case tar.TypeDir:
+				if !strings.HasSuffix(hdr.Name, "/") {
+					hdr.Name += "/"
+				}
+			}
+			b.entries[hdr.Name] = string(body)
+			b.order = append(b.order, hdr.Name)
+		}
+		df := q.Get("dockerfile")
+		if df == "" {
+			df = "Dockerfile"
+		}
+		text, ok := b.entries[df]
+		if !ok {
+			f.mu.Lock()
+			f.builds = append(f.builds, b)
+			f.mu.Unlock()
+			return api.FieldError("dockerfile", "no %s in the build context", df)
+		}
+		lines = strings.Split(strings.TrimSpace(text), "\n")
+	}
+	f.mu.Lock()
+	f.builds = append(f.builds, b)
+	f.mu.Unlock()
+	img := &api.Image{Name: q.Get("t"), ID: "sha256:b0b0b0b0b0b0b0b0", Size: 1 << 20, CreatedAt: time.Now()}
+	if r.Header.Get("Accept") != "application/x-ndjson" {
+		return api.Errorf(api.KindInvalid, "the fake builds with ndjson only")
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	for i, l := range lines {
+		enc.Encode(map[string]string{"stream": fmt.Sprintf("Step %d/%d : %s\n", i+1, len(lines), l)})
+		if l == "RUN false" {
+			return enc.Encode(api.ErrorDoc{Error: api.Errorf(api.KindInvalid, "Dockerfile line %d: RUN false: exit code 1", i+1)})
+		}
+	}
+	enc.Encode(map[string]string{"stream": "Successfully built b0b0b0b0b0b0 as " + img.Name + "\n"})
+	f.mu.Lock()
+	f.images[img.Name] = img
+	f.mu.Unlock()
+	return enc.Encode(map[string]any{"image": img})
+}
+
+func (f *fakeDaemon) commit(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	var req api.CommitRequest
+	if err := decodeStrict(r, &req); err != nil {
+		return err
+	}
+	if req.Name == "" || req.Name == "host" {
+		return api.FieldError("name", "%q is not a usable image name", req.Name)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.commits = append(f.commits, req)
+	img := &api.Image{Name: req.Name, ID: "sha256:c0c0c0c0c0c0c0c0", Layers: []string{"sha256:cccc"}, Size: 4096, CreatedAt: time.Now()}
+	if s.sb.Image == "" || s.sb.Image == "host" {
+		img.Base = "host"
+		img.MountLayers = map[string][]string{"/usr": {"sha256:dddd"}}
+	}
+	f.images[req.Name] = img
+	return writeJSON(w, 201, img)
+}
+
+// saveImages answers "OCI:" and the names; an image on the host base
+// cannot be saved.
+func (f *fakeDaemon) saveImages(w http.ResponseWriter, r *http.Request) error {
+	names := r.URL.Query()["name"]
+	if len(names) == 0 {
+		return api.FieldError("name", "missing")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, n := range names {
+		img := f.images[n]
+		if img == nil {
+			return api.Errorf(api.KindNotFound, "no image %q", n)
+		}
+		if img.Base == "host" {
+			return api.Errorf(api.KindUnsupported, "image %q is built on this host's own files (the host image) and cannot be saved", n)
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	_, err := io.WriteString(w, "OCI:"+strings.Join(names, ","))
+	return err
 }
 
 // tty serves the terminal of a process started with tty (see fakeDaemon).

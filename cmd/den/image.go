@@ -8,9 +8,11 @@ import (
 
 var verbImage = &verb{
 	name:     "image",
-	summary:  "manage images: ls, import, rm, inspect",
+	summary:  "manage images: ls, pull, build, import, save, rm, inspect, prune",
 	synopsis: "COMMAND [flags] [ARG...]",
-	example: `den image import --name alpine:3.20 alpine.tar
+	example: `den image pull alpine:3.20
+		den image build -t app .
+		den image import --name alpine:3.20 alpine.tar
 		den image ls`,
 	run:   cmdImage,
 	group: true,

@@ -64,11 +64,13 @@ func cmdImageImport(c *cli, v *verb, args []string) error {
 	return nil
 }
 
-// progress shows import progress: a redrawn bar on a terminal, otherwise a
-// line when the step changes, when it completes, or every few seconds.
+// progress shows import or pull progress: a redrawn bar on a terminal,
+// otherwise a line when the step changes, when it completes, or every few
+// seconds.
 type progress struct {
 	w        io.Writer
 	tty      bool
+	label    string // what the lines start with; "import" when empty
 	drawn    bool
 	last     time.Time
 	lastWhat string
@@ -105,7 +107,11 @@ func (p *progress) update(done, total int64, what string) {
 		return
 	}
 	p.last, p.lastWhat, p.lastDone = now, what, complete
-	fmt.Fprintf(p.w, "import: %s: %s\n", what, text)
+	label := p.label
+	if label == "" {
+		label = "import"
+	}
+	fmt.Fprintf(p.w, "%s: %s: %s\n", label, what, text)
 }
 
 func (p *progress) finish() {

@@ -48,7 +48,8 @@ func init() {
 	verbs = []*verb{
 		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbRm, verbCp,
 		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
-		verbImage, verbImageLs, verbImageImport, verbImageRm, verbImageInspect,
+		verbCommit,
+		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
 		verbEvents, verbVersion, verbBench, verbServe, verbHelp,
 	}
 }
@@ -175,7 +176,7 @@ func kindHint(v *verb, e *api.Error) string {
 			return "run `den image ls` to see images"
 		}
 		if strings.Contains(strings.ToLower(e.Message), "image") {
-			return "run `den image ls` to see images, `den image import` to add one"
+			return "run `den image ls` to see images, `den image pull` or `den image import` to add one"
 		}
 		if name == "cp" && !strings.Contains(strings.ToLower(e.Message), "sandbox") {
 			return "" // a missing file, most likely

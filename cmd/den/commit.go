@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/den-dev/den/api"
+)
+
+var verbCommit = &verb{
+	name:     "commit",
+	summary:  "make an image of a sandbox's files",
+	synopsis: "[flags] ID NAME",
+	details: `The sandbox's changes become a layer on top of its image; the new image
+keeps the image's configuration with the sandbox's environment, working
+directory and user. The sandbox may be running. Prints the image's name.`,
+	example: `den commit web web-snapshot:1
+		den run --image web-snapshot:1 -- ls /work`,
+	run: cmdCommit,
+}
+
+func cmdCommit(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	jsonOut := f.jsonFlag("print the image as JSON")
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return usagef(v, "commit needs a sandbox ID and a NAME for the image")
+	}
+	img, err := c.client(f).Commit(context.Background(), pos[0], api.CommitRequest{Name: pos[1]})
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return c.printJSON(img)
+	}
+	fmt.Fprintln(c.stdout, img.Name)
+	return nil
+}
