@@ -290,7 +290,7 @@ func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOpti
 	}
 	ni, err := m.images.Pull(ctx, ref, opts, progress)
 	if err != nil {
-		return nil, api.Errorf(api.KindInvalid, "pull %s: %v", ref, err)
+		return nil, api.Errorf(api.KindInvalid, "%v", err)
 	}
 	if name == "" {
 		name = ni.Name
