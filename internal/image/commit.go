@@ -62,7 +62,7 @@ func (s *Store) addLayerFromDir(ctx context.Context, dir string, opts DirOptions
 	if opts.IDBase < 0 || opts.IDRange < 0 {
 		return "", 0, fmt.Errorf("invalid id range %d+%d", opts.IDBase, opts.IDRange)
 	}
-	topt := tarOptions{idBase: int64(opts.IDBase), idRange: int64(opts.IDRange)}
+	topt := tarOptions{idBase: int64(opts.IDBase), idRange: int64(opts.IDRange), maxBytes: s.maxLayerBytes()}
 	if topt.idBase > 0 && topt.idRange == 0 {
 		topt.idRange = 65536
 	}

@@ -351,6 +351,20 @@ func TestAddLayerFromDirRefused(t *testing.T) {
 	mustErrContain(t, err, "more than 10 entries")
 	assertStoreEmpty(t, s)
 
+	// A huge sparse file fails before it is read.
+	u2 := newUpper(t)
+	u2.file("small", "s", 0o644, 0, 0)
+	u2.check(os.Truncate(u2.p("small"), 1<<40))
+	s = newStore(t)
+	s.MaxLayerBytes = 1 << 20
+	start := time.Now()
+	_, _, err = s.AddLayerFromDir(context.Background(), u2.root)
+	mustErrContain(t, err, "more than 1048576 bytes")
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v", d)
+	}
+	assertStoreEmpty(t, s)
+
 	// Not a directory; a symlink to one is not followed either.
 	s = newStore(t)
 	_, _, err = s.AddLayerFromDir(context.Background(), filepath.Join(u.root, "1"))

@@ -152,6 +152,9 @@ func (s *Store) pull(ctx context.Context, ref string, opts PullOptions, progress
 	if err != nil {
 		return NamedImage{}, explain(err)
 	}
+	if got := configPlatform(si.config); got != "" && (si.config.OS != plat.OS || si.config.Architecture != plat.Architecture) {
+		s.logf("image: pull %s: the image is for %s, not %s", ref, got, platform)
+	}
 	prog := &progressState{fn: progress, layer: opts.LayerProgress}
 	out, err := s.importImages(ctx, []srcImage{si}, prog, pullParallel)
 	if err != nil {

@@ -7,6 +7,12 @@
 // the same layer, devices and fifos skipped, whiteouts converted to overlayfs
 // form, entry and size limits against tar bombs) so that the sandbox code can
 // mount the unpacked layers, shared by every sandbox, as overlayfs lowerdirs.
+//
+// Images also come from registries (Pull, through go-containerregistry,
+// with the same verification), go out as OCI archives (Save, which re-tars
+// the unpacked layers with a deterministic tar writer), and layers are made
+// of what a sandbox wrote in its overlayfs upper directory
+// (AddLayerFromDir, through that tar writer and the same unpacker).
 package image
 
 import (
@@ -39,7 +45,7 @@ const (
 //
 //	dir/layers/<sha256-hex>/  one unpacked layer (an overlayfs lowerdir)
 //	dir/meta/<sha256-hex>.json  small sidecar with the layer's unpacked size
-//	dir/tmp/                   in-progress unpacks and upload spools
+//	dir/tmp/                   in-progress unpacks, upload and save spools
 //
 // A layer is unpacked into dir/tmp and renamed into dir/layers only once it
 // is complete and verified, so an interrupted import leaves nothing
@@ -113,8 +119,10 @@ type Config struct {
 	Labels       map[string]string
 }
 
-// Progress reports import progress: done and total are bytes of (compressed)
-// layer data to read, what names the layer being unpacked. It may be nil.
+// Progress reports import or pull progress: done and total are bytes of
+// (compressed) layer data to read or download, overall; what names the
+// layer being unpacked ("layer sha256:<diffID>"). It may be nil, and it is
+// never called concurrently.
 type Progress func(done, total int64, what string)
 
 // isHex64 reports whether s is 64 lower-case hex digits (a sha256).

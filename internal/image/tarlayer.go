@@ -49,6 +49,9 @@ type tarOptions struct {
 	// becomes id-idBase, any other id overflowID. idRange 0: ids as they
 	// are.
 	idBase, idRange int64
+	// maxBytes, if > 0, bounds the total size of the regular files: the
+	// writer fails (with a *limitError) before writing more.
+	maxBytes int64
 }
 
 type tarStats struct {
@@ -67,6 +70,7 @@ type layerTarWriter struct {
 	opt   tarOptions
 	links map[[2]uint64]string // (dev, ino) of files with more links -> first name
 	stats tarStats
+	bytes int64 // of regular files so far
 	buf   []byte
 }
 
@@ -259,6 +263,10 @@ func (lw *layerTarWriter) file(dirFD int, rel, name string) error {
 		}
 		lw.links[key] = rel
 	}
+	if lw.opt.maxBytes > 0 && st.Size > lw.opt.maxBytes-lw.bytes {
+		return &limitError{fmt.Sprintf("more than %d bytes of file contents", lw.opt.maxBytes)}
+	}
+	lw.bytes += st.Size
 	hdr := lw.header(rel, tar.TypeReg, &st)
 	hdr.Size = st.Size
 	recs, _, err := lw.xattrs(fd, true, rel)
