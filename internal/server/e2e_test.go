@@ -548,6 +548,12 @@ func TestIsolation(t *testing.T) {
 			t.Fatalf("sandbox write reached host %s", p)
 		}
 	}
+	// A setuid-root binary made by root inside gives a user no privileges.
+	e.sh(t, sb.ID, "cp /usr/bin/id /usr/local/bin/id-suid && chmod 4755 /usr/local/bin/id-suid")
+	r2, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"/usr/local/bin/id-suid"}, User: "nobody"})
+	if err != nil || !strings.HasPrefix(string(r2.Stdout), "uid=65534") || strings.Contains(string(r2.Stdout), "euid=0") {
+		t.Fatalf("setuid as nobody: %q %v", r2.Stdout, err)
+	}
 	other := e.create(t, api.CreateRequest{})
 	if r := e.sh(t, other.ID, "test -e /usr/bin/den-marker && echo leak || echo clean"); string(r.Stdout) != "clean\n" {
 		t.Fatalf("one sandbox's write is visible in another: %q", r.Stdout)

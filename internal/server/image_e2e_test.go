@@ -33,6 +33,9 @@ func busyboxImage(t *testing.T) []byte {
 	}
 	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Mode: 0o755, Size: int64(len(bb))})
 	tw.Write(bb)
+	// A setuid-root copy: it must not make anyone root, in or out of the sandbox.
+	tw.WriteHeader(&tar.Header{Name: "bin/busybox-suid", Mode: 0o4755, Size: int64(len(bb))})
+	tw.Write(bb)
 	for _, l := range []string{"sh", "echo", "cat", "id", "pwd", "hostname", "ls", "touch"} {
 		tw.WriteHeader(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox"})
 	}
@@ -73,6 +76,10 @@ func TestImportedImage(t *testing.T) {
 	r := e.sh(t, sb.ID, "echo $FROM_IMAGE; pwd; id -u; ls /bin/busybox; touch /bin/new && echo copyup")
 	if got := string(r.Stdout); got != "yes\n/srv\n1000\n/bin/busybox\n" {
 		t.Fatalf("sandbox from image: %q %q", got, r.Stderr)
+	}
+	// Setuid bits in an image give nothing: no_new_privs holds.
+	if r := e.sh(t, sb.ID, "ls -l /bin/busybox-suid | cut -c1-10; /bin/busybox-suid sh -c 'id -u'"); string(r.Stdout) != "-rwsr-xr-x\n1000\n" {
+		t.Fatalf("setuid binary: %q %q", r.Stdout, r.Stderr)
 	}
 	// The image's user cannot write its root-owned files; root can, into
 	// this sandbox's own layer.
