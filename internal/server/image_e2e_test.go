@@ -4,15 +4,19 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"io"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/den-dev/den/api"
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -104,4 +108,63 @@ func TestImportedImage(t *testing.T) {
 	// Garbage in → a clear error.
 	_, err = e.c.ImportImage(ctx, "junk", strings.NewReader("this is not a tarball"), nil)
 	wantKind(t, err, api.KindInvalid)
+}
+
+// Pull from a registry served in-process, run the image, save it, and
+// import the archive again.
+func TestPullSaveImport(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	archive := busyboxImage(t)
+	reg := httptest.NewServer(registry.New())
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	img, err := tarball.Image(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(archive)), nil }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := name.ParseReference(host + "/tools/busybox:1")
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	var progressed bool
+	pulled, err := e.c.PullImage(ctx, api.PullRequest{Ref: host + "/tools/busybox:1", Name: "bb-pulled"}, func(done, total int64, what string) { progressed = true })
+	if err != nil || pulled.Name != "bb-pulled" || !progressed {
+		t.Fatalf("pull: %+v %v (progress %v)", pulled, err, progressed)
+	}
+	// Pulling again is idempotent.
+	if again, err := e.c.PullImage(ctx, api.PullRequest{Ref: host + "/tools/busybox:1", Name: "bb-pulled2"}, nil); err != nil || again.ID != pulled.ID {
+		t.Fatalf("second pull: %+v %v", again, err)
+	}
+	sb := e.create(t, api.CreateRequest{Image: "bb-pulled"})
+	if r := e.sh(t, sb.ID, "echo $FROM_IMAGE; id -u"); string(r.Stdout) != "yes\n1000\n" {
+		t.Fatalf("sandbox from pulled image: %q %q", r.Stdout, r.Stderr)
+	}
+	// A missing tag: a clear error.
+	_, err = e.c.PullImage(ctx, api.PullRequest{Ref: host + "/tools/busybox:nope"}, nil)
+	wantKind(t, err, api.KindInvalid)
+	// Save, then import the archive under another name.
+	rc, err := e.c.SaveImages(ctx, []string{"bb-pulled"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved, _ := io.ReadAll(rc)
+	rc.Close()
+	imgs, err := e.c.ImportImage(ctx, "bb-reimported", bytes.NewReader(saved), nil)
+	if err != nil || len(imgs) != 1 {
+		t.Fatalf("import of a saved archive: %v %v", imgs, err)
+	}
+	sb2 := e.create(t, api.CreateRequest{Image: "bb-reimported"})
+	if r := e.sh(t, sb2.ID, "echo $FROM_IMAGE; pwd"); string(r.Stdout) != "yes\n/srv\n" {
+		t.Fatalf("sandbox from the re-imported image: %q %q", r.Stdout, r.Stderr)
+	}
+	// Host-based images cannot be saved.
+	host2 := e.create(t, api.CreateRequest{})
+	if _, err := e.c.Commit(ctx, host2.ID, api.CommitRequest{Name: "on-host"}); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := e.c.SaveImages(ctx, []string{"on-host"}); err == nil {
+		rc.Close()
+		t.Fatal("saved an image built on the host's own files")
+	}
 }
