@@ -1,0 +1,391 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxRequestHead bounds an explicit-proxy request line plus header.
+const maxRequestHead = 64 << 10
+
+// ServeProxy serves an explicit HTTP proxy for sandboxes that honour
+// HTTP(S)_PROXY: CONNECT host:port tunnels and absolute-URI http://
+// requests (forwarded with hop-by-hop headers stripped, one upstream
+// connection per request). The target host is judged as in the transparent
+// proxy: an IP literal in any form (decimal, hex, octal, short, IPv6,
+// IPv4-mapped) is judged as an address, a name by AllowName and by the
+// addresses it resolves to, and only a checked address is dialed.
+// Userinfo ('@') or '%' in the host is refused. Refusals get a 403 (429 for
+// limits) whose body names the reason. It returns nil after Close, and
+// ErrServerClosed when called after Close.
+func (s *Server) ServeProxy(ln net.Listener) error {
+	return s.serve(ln, s.handleProxy)
+}
+
+// headLimiter reads from the client, failing once n bytes are exceeded;
+// n is reset for each request head and lifted for bodies.
+type headLimiter struct {
+	r io.Reader
+	n int64
+}
+
+var errHeadTooLarge = errors.New("request header larger than 64 KiB")
+
+func (l *headLimiter) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (s *Server) handleProxy(c net.Conn) {
+	src := addrPortOf(c.RemoteAddr())
+	base := Event{Kind: KindConnect, SrcPort: int(src.Port())}
+	deny := func(ev Event, code int, reason string) {
+		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(ev.Time)
+		s.emit(ev)
+		writeRefusal(c, code, reason)
+	}
+	id, pol, ok := s.lookup(src.Addr())
+	if !ok {
+		ev := base
+		ev.Time = time.Now()
+		deny(ev, http.StatusForbidden, "unknown source "+src.Addr().String())
+		return
+	}
+	base.Sandbox = id
+	if ok, why := s.lim.acquire(id); !ok {
+		ev := base
+		ev.Time = time.Now()
+		deny(ev, http.StatusTooManyRequests, why)
+		return
+	}
+	defer s.lim.release(id)
+
+	lr := &headLimiter{r: c}
+	br := bufio.NewReaderSize(lr, 16<<10)
+	wait := max(s.cfg.IdleTimeout, 60*time.Second)
+	for n := 0; ; n++ {
+		// The first request must come quickly; later ones may wait.
+		if n == 0 {
+			c.SetReadDeadline(time.Now().Add(s.cfg.PeekTimeout))
+		} else {
+			c.SetReadDeadline(time.Now().Add(wait))
+		}
+		lr.n = maxRequestHead
+		if n > 0 {
+			// Wait for the next request without holding the head deadline.
+			if _, err := br.Peek(1); err != nil {
+				return
+			}
+			c.SetReadDeadline(time.Now().Add(s.cfg.PeekTimeout))
+		}
+		req, err := http.ReadRequest(br)
+		ev := base
+		ev.Time = time.Now()
+		if err != nil {
+			if n > 0 && (errors.Is(err, io.EOF) || errors.Is(err, os.ErrDeadlineExceeded)) {
+				return
+			}
+			if errors.Is(err, io.EOF) && br.Buffered() == 0 {
+				return
+			}
+			deny(ev, http.StatusBadRequest, "malformed request: "+err.Error())
+			return
+		}
+		lr.n = 1<<62 - 1
+		c.SetReadDeadline(time.Time{})
+		if n > 0 && !s.lim.token(id) {
+			deny(ev, http.StatusTooManyRequests, "rate limit")
+			return
+		}
+		if req.Method == http.MethodConnect {
+			s.proxyConnect(c, br, req, pol, ev)
+			return
+		}
+		if !s.proxyForward(c, req, pol, ev) {
+			return
+		}
+	}
+}
+
+// writeRefusal answers a refused request and closes the connection (by the
+// caller returning).
+func writeRefusal(c net.Conn, code int, reason string) {
+	body := "den egress: " + reason + "\n"
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Den-Egress: deny\r\n\r\n%s",
+		code, http.StatusText(code), len(body), body)
+	c.SetWriteDeadline(time.Time{})
+}
+
+// splitTarget splits "host:port" (host may be a bracketed IPv6 literal)
+// with a default port; '@' and '%' are refused.
+func splitTarget(hp string, defPort int) (host string, port int, err error) {
+	if hp == "" {
+		return "", 0, errors.New("empty host")
+	}
+	if strings.ContainsAny(hp, "@") {
+		return "", 0, errors.New("userinfo ('@') in host")
+	}
+	if strings.ContainsAny(hp, "%") {
+		return "", 0, errors.New("'%' in host")
+	}
+	if strings.ContainsAny(hp, " \t\r\n\x00/\\?#") {
+		return "", 0, errors.New("invalid character in host")
+	}
+	host, ps := hp, ""
+	if hp[0] == '[' {
+		end := strings.IndexByte(hp, ']')
+		if end < 0 {
+			return "", 0, errors.New("unterminated IPv6 literal")
+		}
+		host, ps = hp[:end+1], hp[end+1:]
+		if ps != "" {
+			if ps[0] != ':' {
+				return "", 0, errors.New("garbage after IPv6 literal")
+			}
+			ps = ps[1:]
+			if ps == "" {
+				return "", 0, errors.New("empty port")
+			}
+		}
+	} else if i := strings.LastIndexByte(hp, ':'); i >= 0 {
+		if strings.IndexByte(hp[:i], ':') >= 0 {
+			return "", 0, errors.New("IPv6 literal without brackets")
+		}
+		host, ps = hp[:i], hp[i+1:]
+		if ps == "" {
+			return "", 0, errors.New("empty port")
+		}
+	}
+	if host == "" || host == "[]" {
+		return "", 0, errors.New("empty host")
+	}
+	if ps == "" {
+		if defPort == 0 {
+			return "", 0, errors.New("missing port")
+		}
+		return host, defPort, nil
+	}
+	if !isPort(ps) {
+		return "", 0, fmt.Errorf("bad port %s", quoteShort(ps))
+	}
+	p, _ := strconv.Atoi(ps)
+	return host, p, nil
+}
+
+// target judges host:port and returns the address to dial.
+func (s *Server) target(pol Policy, host string, port int, ev *Event) (netip.AddrPort, string, bool) {
+	ev.Port = port
+	ev.Name = host
+	if a, isIP := ParseIP(host); isIP {
+		ev.Addr = a.String()
+	}
+	addrs, name, why, ok := s.judgeHost(context.Background(), pol, host)
+	if name != "" {
+		ev.Name = name
+	}
+	if !ok {
+		return netip.AddrPort{}, why, false
+	}
+	ap := netip.AddrPortFrom(addrs[0], uint16(port))
+	ev.Addr = ap.Addr().String()
+	return ap, why, true
+}
+
+func (s *Server) proxyConnect(c net.Conn, br *bufio.Reader, req *http.Request, pol Policy, ev Event) {
+	deny := func(code int, reason string) {
+		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(ev.Time)
+		s.emit(ev)
+		writeRefusal(c, code, reason)
+	}
+	host, port, err := splitTarget(req.RequestURI, 0)
+	if err != nil {
+		ev.Name = req.RequestURI
+		deny(http.StatusForbidden, "bad CONNECT target "+quoteShort(req.RequestURI)+": "+err.Error())
+		return
+	}
+	ap, why, ok := s.target(pol, host, port, &ev)
+	if !ok {
+		deny(http.StatusForbidden, why)
+		return
+	}
+	up, err := s.dialChecked(ap)
+	if err != nil {
+		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; upstream: "+err.Error(), time.Since(ev.Time)
+		s.emit(ev)
+		writeRefusal(c, http.StatusBadGateway, "upstream: "+err.Error())
+		return
+	}
+	defer s.untrack(up)
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		up.Close()
+		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; client gone", time.Since(ev.Time)
+		s.emit(ev)
+		return
+	}
+	// Bytes the client sent after the request head go first.
+	var pre []byte
+	if n := br.Buffered(); n > 0 {
+		pre, _ = br.Peek(n)
+		pre = append([]byte(nil), pre...)
+	}
+	out, in := s.relay(c, up, pre)
+	ev.Verdict, ev.Reason, ev.BytesOut, ev.BytesIn, ev.Duration = VerdictAllow, why, out, in, time.Since(ev.Time)
+	s.emit(ev)
+}
+
+// hopHeaders are removed from forwarded requests and responses, with every
+// header the Connection header names.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func stripHop(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				h.Del(f)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+// proxyForward forwards one absolute-URI request; false means the client
+// connection must close.
+func (s *Server) proxyForward(c net.Conn, req *http.Request, pol Policy, ev Event) bool {
+	deny := func(code int, reason string) bool {
+		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(ev.Time)
+		s.emit(ev)
+		writeRefusal(c, code, reason)
+		return false
+	}
+	raw := req.RequestURI
+	if strings.HasPrefix(raw, "/") || req.URL.Host == "" {
+		ev.Name = req.Host
+		return deny(http.StatusBadRequest, "not a proxy request (want an absolute URI or CONNECT)")
+	}
+	if !strings.EqualFold(req.URL.Scheme, "http") {
+		ev.Name = req.URL.Host
+		return deny(http.StatusBadRequest, "scheme "+quoteShort(req.URL.Scheme)+" not proxied: use CONNECT for https")
+	}
+	auth := raw[strings.Index(raw, "://")+3:]
+	if i := strings.IndexAny(auth, "/?#"); i >= 0 {
+		auth = auth[:i]
+	}
+	host, port, err := splitTarget(auth, 80)
+	if err != nil {
+		ev.Name = auth
+		return deny(http.StatusForbidden, "bad request target "+quoteShort(auth)+": "+err.Error())
+	}
+	ap, why, ok := s.target(pol, host, port, &ev)
+	if !ok {
+		return deny(http.StatusForbidden, why)
+	}
+	up, err := s.dialChecked(ap)
+	if err != nil {
+		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; upstream: "+err.Error(), time.Since(ev.Time)
+		s.emit(ev)
+		writeRefusal(c, http.StatusBadGateway, "upstream: "+err.Error())
+		return false
+	}
+	defer func() {
+		up.Close()
+		s.untrack(up)
+	}()
+
+	clientClose := req.Close
+	stripHop(req.Header)
+	req.Host = auth // the host the request names is the one we checked
+	req.RequestURI = ""
+	req.Close = true
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = []string{""} // keep Go's default out
+	}
+	upW := &countWriter{w: up}
+	werr := make(chan error, 1)
+	go func() {
+		err := req.Write(upW)
+		if err == nil {
+			// Drain what the client may still send of the body.
+			_, err = io.Copy(io.Discard, req.Body)
+		}
+		werr <- err
+	}()
+	cw := &countWriter{w: c}
+	finish := func(reason string, keep bool) bool {
+		// The response is complete: a body still being sent is cut off,
+		// which closes the client connection too.
+		up.Close()
+		err := <-werr
+		if err != nil {
+			keep = false
+		}
+		ev.Verdict, ev.Reason, ev.BytesOut, ev.BytesIn, ev.Duration = VerdictAllow, reason, upW.n, cw.n, time.Since(ev.Time)
+		s.emit(ev)
+		return keep
+	}
+	ur := bufio.NewReader(up)
+	var resp *http.Response
+	for {
+		resp, err = http.ReadResponse(ur, req)
+		if err != nil {
+			up.Close() // unblocks the writer
+			writeRefusal(c, http.StatusBadGateway, "upstream: "+err.Error())
+			return finish(why+"; upstream: "+err.Error(), false)
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		// 1xx: pass it on and read the final response.
+		stripHop(resp.Header)
+		fmt.Fprintf(cw, "HTTP/1.1 %s\r\n", resp.Status)
+		resp.Header.Write(cw)
+		io.WriteString(cw, "\r\n")
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		up.Close()
+		writeRefusal(c, http.StatusBadGateway, "protocol upgrades are not proxied")
+		return finish(why+"; upgrade refused", false)
+	}
+	stripHop(resp.Header)
+	keep := !clientClose && resp.ProtoAtLeast(1, 1) &&
+		(resp.ContentLength >= 0 || len(resp.TransferEncoding) > 0 || req.Method == http.MethodHead ||
+			resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified)
+	resp.Close = !keep
+	if err := resp.Write(cw); err != nil {
+		up.Close()
+		return finish(why+"; relaying the response: "+err.Error(), false)
+	}
+	return finish(why, keep)
+}

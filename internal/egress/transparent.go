@@ -1,0 +1,172 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+)
+
+// ServeTransparent accepts the TCP connections nftables redirects from
+// sandboxes and proxies the allowed ones. For each connection it finds the
+// original destination (Config.OriginalDst) and the sandbox (by source
+// address), reads the TLS ClientHello or HTTP/1 request head without
+// consuming it (at most 16 KiB, within PeekTimeout), and then:
+//   - with a name (SNI or Host): AllowName, resolve the name itself, keep the
+//     addresses AllowAddr(viaName=true) allows, and dial one of those on
+//     the original port (the original destination if it is among them) —
+//     never an address the sandbox chose;
+//   - without one (raw TCP, TLS without SNI, an IP literal as name): dial
+//     the original destination only if AllowAddr(viaName=false) allows it.
+//
+// The original destination may never be the host itself (the proxy, the
+// bridge, any host interface address) or Config.Deny. Denied connections
+// are closed. Every connection is logged once, when it ends. It returns
+// nil after Close, and ErrServerClosed when called after Close.
+func (s *Server) ServeTransparent(ln net.Listener) error {
+	return s.serve(ln, s.handleTransparent)
+}
+
+func (s *Server) handleTransparent(c net.Conn) {
+	start := time.Now()
+	src := addrPortOf(c.RemoteAddr())
+	ev := Event{Time: start, Kind: KindConnect, SrcPort: int(src.Port())}
+	deny := func(reason string) {
+		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(start)
+		s.emit(ev)
+	}
+	dst, err := s.cfg.OriginalDst(c)
+	if err != nil {
+		deny(err.Error())
+		return
+	}
+	dst = netip.AddrPortFrom(normAddr(dst.Addr()), dst.Port())
+	ev.Addr, ev.Port = dst.Addr().String(), int(dst.Port())
+	id, pol, ok := s.lookup(src.Addr())
+	if !ok {
+		deny("unknown source " + src.Addr().String())
+		return
+	}
+	ev.Sandbox = id
+	if ok, why := s.lim.acquire(id); !ok {
+		deny(why)
+		return
+	}
+	defer s.lim.release(id)
+	if local := addrPortOf(c.LocalAddr()); dst.Addr() == local.Addr() || s.isHostAddr(dst.Addr()) || !dst.Addr().IsValid() {
+		deny("destination " + dst.String() + " is the host (the proxy itself, the bridge or a host address)")
+		return
+	}
+	if pol.Mode != ModeAllow && pol.Mode != ModeOpen {
+		deny(modeReason(pol.Mode))
+		return
+	}
+	rawOK, rawWhy := s.judgeAddr(pol, dst.Addr(), false)
+
+	pre, name, serr := s.peek(c, rawOK)
+	if serr != nil && errors.Is(serr, io.EOF) {
+		deny("client closed before sending a request")
+		return
+	}
+	ev.Name = name
+	target := dst
+	reason := rawWhy
+	if name != "" {
+		if _, isIP := ParseIP(name); isIP {
+			// An address in place of a name: only the raw rules apply.
+			if !rawOK {
+				deny("no name (address " + quoteShort(name) + " in SNI/Host): " + rawWhy)
+				return
+			}
+		} else {
+			addrs, n, why, ok := s.judgeHost(context.Background(), pol, name)
+			if n != "" {
+				ev.Name = n
+			}
+			if !ok {
+				deny(why)
+				return
+			}
+			target = netip.AddrPortFrom(pick(addrs, dst.Addr()), dst.Port())
+			reason = why
+			if target.Addr() != dst.Addr() {
+				reason += "; dialed " + target.Addr().String() + " (checked) instead of " + dst.Addr().String()
+			}
+		}
+	} else if !rawOK {
+		if serr != nil {
+			deny("no name (" + serr.Error() + "): " + rawWhy)
+		} else {
+			deny("no name: " + rawWhy)
+		}
+		return
+	}
+	ev.Addr = target.Addr().String()
+	up, err := s.dialChecked(target)
+	if err != nil {
+		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, reason+"; upstream: "+err.Error(), time.Since(start)
+		s.emit(ev)
+		return
+	}
+	defer s.untrack(up)
+	out, in := s.relay(c, up, pre)
+	ev.Verdict, ev.Reason, ev.BytesOut, ev.BytesIn, ev.Duration = VerdictAllow, reason, out, in, time.Since(start)
+	s.emit(ev)
+}
+
+// errNoData means the client sent nothing within the wait.
+var errNoData = errors.New("client sent nothing")
+
+// peek reads the start of the client's stream until sniff can decide,
+// 16 KiB are read, or the deadline passes. When the address is allowed
+// without a name (rawOK), it waits only ServerFirstWait for the first
+// bytes, for protocols in which the server speaks first. err (not EOF)
+// explains why no name was found; the bytes read are always returned.
+func (s *Server) peek(c net.Conn, rawOK bool) (pre []byte, name string, err error) {
+	start := time.Now()
+	deadline := start.Add(s.cfg.PeekTimeout)
+	first := deadline
+	if rawOK {
+		first = start.Add(min(s.cfg.ServerFirstWait, s.cfg.PeekTimeout))
+	}
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, 0, 2048)
+	c.SetReadDeadline(first)
+	for {
+		if len(buf) == cap(buf) {
+			if cap(buf) >= maxPeek {
+				return buf, "", errors.New("no name in the first 16 KiB")
+			}
+			nb := make([]byte, len(buf), min(maxPeek, 4*cap(buf)))
+			copy(nb, buf)
+			buf = nb
+		}
+		n, rerr := c.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if n > 0 {
+			if len(buf) == n {
+				c.SetReadDeadline(deadline)
+			}
+			_, nm, serr := sniff(buf)
+			if serr == nil {
+				return buf, nm, nil
+			}
+			if serr != errNeedMore {
+				return buf, "", serr
+			}
+		}
+		if rerr != nil {
+			switch {
+			case errors.Is(rerr, os.ErrDeadlineExceeded) && len(buf) == 0:
+				return buf, "", errNoData
+			case errors.Is(rerr, os.ErrDeadlineExceeded):
+				return buf, "", errors.New("timed out reading the request")
+			default: // EOF, reset: nothing to proxy
+				return buf, "", io.EOF
+			}
+		}
+	}
+}
