@@ -37,7 +37,10 @@ type Sandbox struct {
 	// IdleTimeout stops the sandbox after this long without exec, file or
 	// process activity through the API (files and processes stay; start
 	// it again with den start).
-	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	IdleTimeout Duration      `json:"idle_timeout,omitempty"`
+	Network     NetworkPolicy `json:"network"`
+	// Address is the sandbox's address on den's bridge (networked modes).
+	Address string `json:"address,omitempty"`
 	// Usage is what the sandbox has used over its whole life, for billing
 	// by time alive or by time active.
 	Usage     Usage     `json:"usage"`
@@ -66,7 +69,8 @@ type CreateRequest struct {
 	Limits  Limits            `json:"limits,omitzero"`
 	TTL     Duration          `json:"ttl,omitempty"`
 	// IdleTimeout: see Sandbox.IdleTimeout.
-	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	IdleTimeout Duration       `json:"idle_timeout,omitempty"`
+	Network     *NetworkPolicy `json:"network,omitempty"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
@@ -299,4 +303,21 @@ type TTYControl struct {
 type WindowSize struct {
 	Rows uint16 `json:"rows"`
 	Cols uint16 `json:"cols"`
+}
+
+// Network modes.
+const (
+	NetNone  = "none"  // loopback only (the default)
+	NetAllow = "allow" // only the listed domains and CIDRs, on every TCP port
+	NetOpen  = "open"  // any public address
+)
+
+// NetworkPolicy is a sandbox's egress policy. Private, loopback,
+// link-local, CGNAT, multicast, IPv4-mapped, NAT64 and metadata addresses
+// are blocked in every mode unless an allow_cidr names them.
+type NetworkPolicy struct {
+	Mode      string   `json:"mode,omitempty"`
+	Allow     []string `json:"allow,omitempty"` // "example.com", "*.example.com"
+	Deny      []string `json:"deny,omitempty"`
+	AllowCIDR []string `json:"allow_cidr,omitempty"`
 }

@@ -10,15 +10,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
@@ -53,6 +56,9 @@ func cmdServe(args []string) error {
 	defMem := fs.String("default-memory", "2g", "memory limit for sandboxes that set none (0 = unlimited)")
 	defPids := fs.Int("default-pids", 4096, "process limit for sandboxes that set none (0 = unlimited)")
 	defCPUs := fs.Float64("default-cpus", 0, "CPU limit for sandboxes that set none (0 = unlimited)")
+	netOn := fs.Bool("net", true, "give networked sandboxes (--net allow|open) a veth on den's bridge, egress through den's proxy (needs nftables)")
+	bridge := fs.String("bridge", "den0", "bridge for sandbox networking")
+	subnet := fs.String("subnet", "10.88.0.0/16", "IPv4 subnet of the sandbox bridge")
 	warm := fs.Int("warm", 2, "fresh host-image sandboxes kept booted so creates are instant (0 = none)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
@@ -95,19 +101,43 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
 	}
-	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux")})
+	var nw *linux.Network
+	if *netOn {
+		pfx, err := netip.ParsePrefix(*subnet)
+		if err != nil {
+			return &usageError{verb: "serve", msg: "--subnet: " + err.Error()}
+		}
+		nw, err = linux.NewNetwork(linux.NetworkConfig{Bridge: *bridge, Subnet: pfx, Transparent: 15001, DNS: 15053, HTTPProxy: 15080})
+		if err != nil {
+			log.Warn("sandbox networking is off", "err", err)
+			nw = nil
+		}
+	}
+	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux"), Network: nw})
 	if err != nil {
 		return fmt.Errorf("linux runtime: %w", err)
 	}
 	ctx := context.Background()
-	m, err := sandbox.New(ctx, sandbox.Config{
+	cfg := sandbox.Config{
 		DataDir: *data, Runtime: rt, Store: db, Images: images, Log: log,
 		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs}, WarmPool: *warm,
-	})
+	}
+	if nw != nil {
+		_, _, hp := nw.Ports()
+		cfg.Egress = &sandbox.Egress{Gateway: nw.Gateway(), HTTPProxy: hp, AddrSlot: nw.Slot, SlotAddr: nw.Addr}
+	}
+	m, err := sandbox.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	if nw != nil {
+		eg, err := startEgress(nw, m)
+		if err != nil {
+			return err
+		}
+		defer eg.Close()
+	}
 	h := server.New(m, db, log, version, rt.CgroupVersion())
 
 	var servers []*http.Server
@@ -208,4 +238,35 @@ func loadToken(path string) (string, error) {
 		return "", fmt.Errorf("write token: %w", err)
 	}
 	return t, nil
+}
+
+// startEgress serves den's DNS, transparent proxy and HTTP proxy on the
+// bridge's gateway address, for the sandboxes only.
+func startEgress(nw *linux.Network, m *sandbox.Manager) (*egress.Server, error) {
+	tp, dnsPort, hp := nw.Ports()
+	gw := nw.Gateway().String()
+	eg := egress.New(egress.Config{Sandbox: m.SandboxForAddr, Log: m.NetEvent, Deny: []netip.Prefix{nw.Subnet()}})
+	listen := func(port int) (net.Listener, error) {
+		return net.Listen("tcp4", net.JoinHostPort(gw, strconv.Itoa(port)))
+	}
+	tl, err := listen(tp)
+	if err != nil {
+		return nil, fmt.Errorf("egress proxy: %w", err)
+	}
+	hl, err := listen(hp)
+	if err != nil {
+		return nil, fmt.Errorf("egress http proxy: %w", err)
+	}
+	dl, err := listen(dnsPort)
+	if err != nil {
+		return nil, fmt.Errorf("egress dns: %w", err)
+	}
+	pc, err := net.ListenPacket("udp4", net.JoinHostPort(gw, strconv.Itoa(dnsPort)))
+	if err != nil {
+		return nil, fmt.Errorf("egress dns: %w", err)
+	}
+	go eg.ServeTransparent(tl)
+	go eg.ServeProxy(hl)
+	go eg.ServeDNS(pc, dl)
+	return eg, nil
 }

@@ -27,6 +27,10 @@ type Spec struct {
 	// UIDBase is the first host uid (and gid) of the box's 65536 ids; root
 	// inside is UIDBase outside. Tiers without a user namespace ignore it.
 	UIDBase int
+	// Net gives the box a network interface (slot NetSlot) whose traffic
+	// goes through den's egress proxy; without it the box has loopback only.
+	Net     bool
+	NetSlot int
 }
 
 // Overlay is one copy-on-write mount of the root filesystem.
@@ -80,4 +84,11 @@ type Stats struct {
 // Statser is the optional ability of a box to report its resource use.
 type Statser interface {
 	Stats() (Stats, error)
+}
+
+// Networker is the optional ability of a box to gain or lose its network
+// interface while it runs.
+type Networker interface {
+	AttachNet() (addr string, err error)
+	DetachNet() error
 }

@@ -199,7 +199,7 @@ func (m *Manager) execSpec(ctx context.Context, sb *api.Sandbox, req *api.ExecRe
 		user = req.User
 	}
 	spec = &agent.ExecSpec{
-		Argv: argv, Env: append(append([]string{}, env...), req.Env...), Dir: dir, User: user,
+		Argv: argv, Env: append(append(m.proxyEnv(sb.Network), env...), req.Env...), Dir: dir, User: user,
 		Stdin: req.Stdin, Timeout: req.Timeout.D(), Session: req.Session,
 		Restart: req.Restart, Name: req.Name, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols,
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/store"
@@ -33,6 +34,8 @@ type Config struct {
 	Store    *store.DB
 	Images   *image.Store
 	Defaults api.Limits // applied where a create request leaves a limit zero
+	// Egress, if set, lets sandboxes have networked modes (allow, open).
+	Egress *Egress
 	// WarmPool is how many fresh host-image sandboxes are kept booted and
 	// unclaimed, so a create only has to name one (0 = none).
 	WarmPool int
@@ -57,12 +60,13 @@ type Manager struct {
 	log    *slog.Logger
 
 	mu     sync.Mutex
-	boxes  map[string]isolate.Box // running sandboxes
-	seen   map[string]time.Time   // last API activity of each running sandbox
-	busy   map[string]int         // requests in flight per sandbox
-	meters map[string]*meter      // usage accounting of running sandboxes
-	slots  map[int]string         // id range slot → sandbox id
-	locks  map[string]*sync.Mutex // one lifecycle operation at a time per sandbox
+	boxes  map[string]isolate.Box   // running sandboxes
+	seen   map[string]time.Time     // last API activity of each running sandbox
+	busy   map[string]int           // requests in flight per sandbox
+	meters map[string]*meter        // usage accounting of running sandboxes
+	netpol map[string]egress.Policy // egress policies of networked sandboxes
+	slots  map[int]string           // id range slot → sandbox id
+	locks  map[string]*sync.Mutex   // one lifecycle operation at a time per sandbox
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}
@@ -91,7 +95,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
-		boxes: map[string]isolate.Box{}, seen: map[string]time.Time{}, busy: map[string]int{}, meters: map[string]*meter{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
+		boxes: map[string]isolate.Box{}, seen: map[string]time.Time{}, busy: map[string]int{}, meters: map[string]*meter{}, netpol: map[string]egress.Policy{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
 		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
@@ -169,6 +173,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		}
 		known[rec.ID] = true
 		m.slots[(rec.UIDBase-uidStart)/65536] = rec.ID
+		m.setNetPolicy(rec.ID, rec.Network)
 		if rec.State == stateWarm { // a pool left by a daemon that died
 			m.db.DeleteSandbox(ctx, rec.ID)
 			m.teardown(rec, nil)
@@ -391,7 +396,15 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
-	if img.Name == HostImage {
+	if req.Network != nil {
+		if _, err := toPolicy(*req.Network); err != nil {
+			return nil, err
+		}
+		if networked(*req.Network) && m.cfg.Egress == nil {
+			return nil, api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking: network mode %q is not available", req.Network.Mode)
+		}
+	}
+	if img.Name == HostImage && (req.Network == nil || !networked(*req.Network)) {
 		if sb, err, ok := m.claim(ctx, &req); ok {
 			return sb, err
 		}
@@ -435,6 +448,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 	return &isolate.Spec{
 		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),
 		Layers: layers, UIDBase: rec.UIDBase,
+		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536,
 		Limits: isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids},
 	}, nil
 }
@@ -450,6 +464,17 @@ func (m *Manager) boot(ctx context.Context, rec *record) error {
 		return fmt.Errorf("start sandbox: %w", err)
 	}
 	rec.State, rec.Pid, rec.StartedAt = api.StateRunning, b.Pid(), time.Now().UTC()
+	m.setNetPolicy(rec.ID, rec.Network)
+	rec.Address = ""
+	if spec.Net {
+		if a, err := m.cfg.Egress.SlotAddr(spec.NetSlot); err == nil {
+			rec.Address = a.String()
+		}
+		if err := m.netReady(ctx, b); err != nil {
+			b.Stop(context.Background())
+			return fmt.Errorf("sandbox network: %w", err)
+		}
+	}
 	if err := m.put(ctx, rec); err != nil {
 		b.Stop(context.Background())
 		return err
@@ -596,6 +621,7 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	delete(m.locks, rec.ID)
 	delete(m.meters, rec.ID)
 	delete(m.seen, rec.ID)
+	delete(m.netpol, rec.ID)
 	m.mu.Unlock()
 	if err := m.db.DeleteSandbox(ctx, rec.ID); err != nil {
 		return err
@@ -681,6 +707,13 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest) {
 	rec.Name, rec.Labels, rec.Env, rec.Workdir, rec.User = req.Name, req.Labels, req.Env, req.Workdir, req.User
 	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
 	rec.IdleTimeout = req.IdleTimeout
+	rec.Network = api.NetworkPolicy{Mode: api.NetNone}
+	if req.Network != nil {
+		rec.Network = *req.Network
+		if rec.Network.Mode == "" {
+			rec.Network.Mode = api.NetNone
+		}
+	}
 	rec.Hostname = rec.Name
 	if rec.Hostname == "" {
 		rec.Hostname = rec.ID[:12]

@@ -99,6 +99,7 @@ func (s *Server) routes() {
 	h("GET /v1/sandboxes/{id}/sessions", s.sessionProxy("GET"))
 	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionProxy("DELETE"))
 	h("GET /v1/sandboxes/{id}/stats", byID(s.m.Stats))
+	h("PUT /v1/sandboxes/{id}/network", s.setNetwork)
 	h("GET /metrics", s.metrics)
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)
@@ -672,4 +673,18 @@ func byID[T any](f func(context.Context, string) (T, error)) http.HandlerFunc {
 		}
 		writeJSON(w, 200, v)
 	}
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
+	var p api.NetworkPolicy
+	if err := decode(r, &p); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.m.SetNetwork(r.Context(), r.PathValue("id"), p)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, sb)
 }

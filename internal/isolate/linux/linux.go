@@ -40,6 +40,7 @@ type Runtime struct {
 
 	mu     sync.Mutex
 	userns map[int]*os.File // uid base → a user namespace with that mapping
+	net    *Network         // nil: boxes have loopback only
 }
 
 // Config configures the runtime.
@@ -47,6 +48,8 @@ type Config struct {
 	RunDir     string // default /run/den/linux
 	CgroupRoot string // default /sys/fs/cgroup
 	CgroupName string // default "den"
+	// Network, if set, connects boxes whose spec asks for it.
+	Network *Network
 }
 
 // New checks the host and prepares the runtime.
@@ -81,7 +84,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{runDir: cfg.RunDir, cg: cg, exe: exe, userns: map[int]*os.File{}}, nil
+	return &Runtime{runDir: cfg.RunDir, cg: cg, exe: exe, userns: map[int]*os.File{}, net: cfg.Network}, nil
 }
 
 // Name is "linux".
@@ -320,6 +323,16 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 	if err := r.cg.Add(spec.ID, cmd.Process.Pid); err != nil {
 		return nil, err
 	}
+	// The network is in place before the box's first process runs.
+	if spec.Net {
+		if r.net == nil {
+			return nil, errors.New("this daemon has no sandbox network (start den serve with networking)")
+		}
+		if _, err := r.net.Attach(cmd.Process.Pid, spec.NetSlot); err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, func() { r.net.Detach(spec.NetSlot) })
+	}
 	// The agent must survive the box's own out-of-memory kills. Lowering
 	// the score needs CAP_SYS_RESOURCE, which some hosts withhold even from
 	// root; the agent then relies on its commands' raised scores.
@@ -425,6 +438,9 @@ func (b *box) Stop(ctx context.Context) error {
 			return
 		}
 		b.ag.Close()
+		if b.rt.net != nil {
+			b.rt.net.Detach(b.spec.NetSlot)
+		}
 		err = b.rt.cg.Remove(b.spec.ID)
 		os.RemoveAll(b.rt.boxRun(b.spec.ID))
 	})
@@ -435,6 +451,9 @@ func (b *box) Stop(ctx context.Context) error {
 func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	r.cg.Kill(spec.ID) // anything a dead daemon left running
 	r.cg.Remove(spec.ID)
+	if r.net != nil && spec.Net {
+		r.net.Detach(spec.NetSlot)
+	}
 	os.RemoveAll(r.boxRun(spec.ID))
 	if spec.Dir == "" {
 		return nil
@@ -509,4 +528,26 @@ func (b *box) Stats() (isolate.Stats, error) {
 		st.NetTxBytes += tx
 	}
 	return st, nil
+}
+
+// AttachNet gives a running box its network interface.
+func (b *box) AttachNet() (string, error) {
+	if b.rt.net == nil {
+		return "", errors.New("this daemon has no sandbox network")
+	}
+	a, err := b.rt.net.Attach(b.pid, b.spec.NetSlot)
+	if err != nil {
+		return "", err
+	}
+	b.spec.Net = true
+	return a.String(), nil
+}
+
+// DetachNet takes a running box's network interface away.
+func (b *box) DetachNet() error {
+	b.spec.Net = false
+	if b.rt.net == nil {
+		return nil
+	}
+	return b.rt.net.Detach(b.spec.NetSlot)
 }

@@ -1,0 +1,157 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/egress"
+	"github.com/den-dev/den/internal/isolate"
+)
+
+// Egress wiring: where den's proxy and DNS listen, as seen from sandboxes.
+type Egress struct {
+	Gateway   netip.Addr // the bridge address
+	HTTPProxy int        // port of the explicit proxy, for HTTP(S)_PROXY
+	// AddrSlot maps a sandbox's source address back to its slot, and
+	// SlotAddr a slot to its address.
+	AddrSlot func(netip.Addr) (int, bool)
+	SlotAddr func(int) (netip.Addr, error)
+}
+
+// toPolicy converts and validates an API policy.
+func toPolicy(p api.NetworkPolicy) (egress.Policy, error) {
+	out := egress.Policy{Mode: egress.Mode(p.Mode), Allow: p.Allow, Deny: p.Deny}
+	if out.Mode == "" {
+		out.Mode = egress.Mode(api.NetNone)
+	}
+	for _, c := range p.AllowCIDR {
+		pr, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil {
+				return out, api.FieldError("network.allow_cidr", "%q is not a CIDR like 203.0.113.0/24", c)
+			}
+			pr = netip.PrefixFrom(a, a.BitLen())
+		}
+		out.AllowCIDR = append(out.AllowCIDR, pr.Masked())
+	}
+	if err := out.Validate(); err != nil {
+		return out, api.FieldError("network", "%v", err)
+	}
+	return out, nil
+}
+
+func networked(p api.NetworkPolicy) bool { return p.Mode == api.NetAllow || p.Mode == api.NetOpen }
+
+// SandboxForAddr is the egress servers' view of who is connecting: the
+// sandbox holding that bridge address, and its current policy.
+func (m *Manager) SandboxForAddr(src netip.Addr) (string, egress.Policy, bool) {
+	if m.cfg.Egress == nil {
+		return "", egress.Policy{}, false
+	}
+	slot, ok := m.cfg.Egress.AddrSlot(src)
+	if !ok {
+		return "", egress.Policy{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id, ok := m.slots[slot]
+	if !ok {
+		return "", egress.Policy{}, false
+	}
+	p, ok := m.netpol[id]
+	return id, p, ok
+}
+
+// NetEvent records one egress event in the event log.
+func (m *Manager) NetEvent(ev egress.Event) {
+	m.event(ev.Sandbox, "net."+ev.Kind, ev)
+}
+
+func (m *Manager) setNetPolicy(id string, p api.NetworkPolicy) {
+	pol, err := toPolicy(p)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil || !networked(p) {
+		delete(m.netpol, id)
+		return
+	}
+	m.netpol[id] = pol
+}
+
+// proxyEnv is the environment that points proxy-aware tools at den.
+func (m *Manager) proxyEnv(p api.NetworkPolicy) []string {
+	if !networked(p) || m.cfg.Egress == nil {
+		return nil
+	}
+	u := "http://" + netip.AddrPortFrom(m.cfg.Egress.Gateway, uint16(m.cfg.Egress.HTTPProxy)).String()
+	return []string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}
+}
+
+// netReady points the sandbox's resolver at den's DNS (queries to any
+// address are redirected there anyway; a loopback resolver would not be).
+func (m *Manager) netReady(ctx context.Context, b isolate.Box) error {
+	if m.cfg.Egress == nil {
+		return nil
+	}
+	conf := "nameserver " + m.cfg.Egress.Gateway.String() + "\noptions timeout:2 attempts:2\n"
+	resp, err := b.Agent().Do(ctx, "PUT", "/files", map[string][]string{"path": {"/etc/resolv.conf"}, "mode": {"0644"}}, bytes.NewReader([]byte(conf)), nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// SetNetwork changes a sandbox's egress policy, live.
+func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy) (*api.Sandbox, error) {
+	if _, err := toPolicy(p); err != nil {
+		return nil, err
+	}
+	if p.Mode == "" {
+		p.Mode = api.NetNone
+	}
+	if networked(p) && m.cfg.Egress == nil {
+		return nil, api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking")
+	}
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return nil, err
+	}
+	was := networked(rec.Network)
+	rec.Network = p
+	m.setNetPolicy(rec.ID, p)
+	if b := m.box(rec.ID); b != nil && was != networked(p) {
+		nw, ok := b.(isolate.Networker)
+		if !ok {
+			return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot change a running sandbox's network", m.rt.Name())
+		}
+		if networked(p) {
+			addr, err := nw.AttachNet()
+			if err != nil {
+				return nil, err
+			}
+			rec.Address = addr
+			if err := m.netReady(ctx, b); err != nil {
+				return nil, err
+			}
+		} else {
+			if err := nw.DetachNet(); err != nil {
+				return nil, err
+			}
+			rec.Address = ""
+		}
+	}
+	if err := m.put(ctx, rec); err != nil {
+		return nil, err
+	}
+	m.event(rec.ID, "sandbox.network", map[string]any{"mode": p.Mode, "allow": p.Allow, "deny": p.Deny, "allow_cidr": p.AllowCIDR})
+	return &rec.Sandbox, nil
+}

@@ -1,0 +1,356 @@
+package server_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/egress"
+	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/sandbox"
+	"github.com/den-dev/den/internal/server"
+	"github.com/den-dev/den/internal/store"
+)
+
+// The tests' stand-in for the internet: a network namespace the test makes,
+// reached from the host through a veth, holding 198.51.100.10 (a
+// documentation range the egress servers treat as public in tests only).
+const inetAddr = "198.51.100.10"
+
+type inet struct {
+	ns   netns.NsHandle
+	name string
+	host string // the veth's host end
+}
+
+func newInet(t *testing.T) *inet {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("network tests need nftables (apt-get install nftables)")
+	}
+	in := &inet{name: fmt.Sprintf("dentinet%d", os.Getpid()%100000), host: fmt.Sprintf("dti%d", os.Getpid()%100000)}
+	netns.DeleteNamed(in.name)
+	if l, err := netlink.LinkByName(in.host); err == nil {
+		netlink.LinkDel(l)
+	}
+	runtime.LockOSThread()
+	orig, _ := netns.Get()
+	ns, err := netns.NewNamed(in.name)
+	netns.Set(orig)
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Fatalf("create test namespace: %v", err)
+	}
+	in.ns = ns
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(in.host); err == nil {
+			netlink.LinkDel(l)
+		}
+		ns.Close()
+		netns.DeleteNamed(in.name)
+	})
+	la := netlink.NewLinkAttrs()
+	la.Name = in.host
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: in.host + "p"}); err != nil {
+		t.Fatal(err)
+	}
+	hostEnd, _ := netlink.LinkByName(in.host)
+	peer, _ := netlink.LinkByName(in.host + "p")
+	netlink.AddrAdd(hostEnd, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("198.51.100.1"), Mask: net.CIDRMask(24, 32)}})
+	netlink.LinkSetUp(hostEnd)
+	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := netlink.NewHandleAt(ns)
+	defer h.Close()
+	p, _ := h.LinkByName(in.host + "p")
+	h.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(inetAddr), Mask: net.CIDRMask(24, 32)}})
+	h.LinkSetUp(p)
+	lo, _ := h.LinkByName("lo")
+	h.LinkSetUp(lo)
+	return in
+}
+
+// listen opens a listener inside the test namespace.
+func (in *inet) listen(t *testing.T, port int) net.Listener {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, _ := netns.Get()
+	defer netns.Set(orig)
+	netns.Set(in.ns)
+	ln, err := net.Listen("tcp4", fmt.Sprintf("%s:%d", inetAddr, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+func selfSigned(t *testing.T, names ...string) tls.Certificate {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// newNetEnv is newEnv with sandbox networking: its own bridge, nftables
+// table and egress servers, and a fake resolver for the test names.
+func newNetEnv(t *testing.T) (*env, *inet) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network tests need root")
+	}
+	in := newInet(t)
+	web := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from the test internet, host %s", r.Host)
+	})}
+	go web.Serve(in.listen(t, 80))
+	tlsLn := tls.NewListener(in.listen(t, 443), &tls.Config{Certificates: []tls.Certificate{selfSigned(t, "allowed.test", "other.test")}})
+	go web.Serve(tlsLn)
+	echo := in.listen(t, 2222)
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	t.Cleanup(func() { web.Close() })
+
+	// Free ports for the egress servers.
+	ports := make([]int, 3)
+	lns := make([]net.Listener, 3)
+	for i := range ports {
+		ln, err := net.Listen("tcp4", "0.0.0.0:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[i], ports[i] = ln, ln.Addr().(*net.TCPAddr).Port
+	}
+	pc, err := net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", ports[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := os.Getpid() % 200
+	nw, err := linux.NewNetwork(linux.NetworkConfig{
+		Bridge: fmt.Sprintf("dent%d", os.Getpid()%100000), Table: fmt.Sprintf("dentest%d", os.Getpid()%100000),
+		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.201.%d.0/24", n)),
+		Transparent: ports[0], DNS: ports[1], HTTPProxy: ports[2],
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		exec.Command("nft", "delete", "table", "inet", fmt.Sprintf("dentest%d", os.Getpid()%100000)).Run()
+		if l, err := netlink.LinkByName(fmt.Sprintf("dent%d", os.Getpid()%100000)); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+
+	data := t.TempDir()
+	db, err := store.Open(filepath.Join(data, "den.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgs, _ := image.NewStore(filepath.Join(data, "images"))
+	rt, err := linux.New(linux.Config{RunDir: fmt.Sprintf("/run/den-e2e/%d-net", os.Getpid()), CgroupName: "den-e2e", Network: nw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{db: db, data: data, rt: rt}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m, err := sandbox.New(context.Background(), sandbox.Config{
+		DataDir: data, Runtime: rt, Store: db, Images: imgs, Log: log,
+		Defaults: api.Limits{Memory: 512 << 20, Pids: 512},
+		Egress:   &sandbox.Egress{Gateway: nw.Gateway(), HTTPProxy: ports[2], AddrSlot: nw.Slot, SlotAddr: nw.Addr},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m = m
+	names := map[string][]netip.Addr{
+		"allowed.test":     {netip.MustParseAddr(inetAddr)},
+		"www.allowed.test": {netip.MustParseAddr(inetAddr)},
+		"other.test":       {netip.MustParseAddr(inetAddr)},
+		"private.test":     {netip.MustParseAddr("10.1.2.3")},
+		"metadata.test":    {netip.MustParseAddr("169.254.169.254")},
+	}
+	eg := egress.New(egress.Config{
+		Sandbox: m.SandboxForAddr, Log: m.NetEvent,
+		Public: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+		Deny:   []netip.Prefix{nw.Subnet()},
+		Resolve: func(ctx context.Context, name string) ([]netip.Addr, error) {
+			if a, ok := names[strings.TrimSuffix(strings.ToLower(name), ".")]; ok {
+				return a, nil
+			}
+			return nil, fmt.Errorf("no such host %s", name)
+		},
+	})
+	go eg.ServeTransparent(lns[0])
+	go eg.ServeDNS(pc, lns[1])
+	go eg.ServeProxy(lns[2])
+	e.sock = filepath.Join(data, "den.sock")
+	ln, err := net.Listen("unix", e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.http = &http.Server{Handler: server.New(m, db, log, "test", rt.CgroupVersion())}
+	go e.http.Serve(ln)
+	e.c = client.New("unix://" + e.sock)
+	t.Cleanup(func() {
+		all, _ := m.List(context.Background(), nil)
+		for _, s := range all {
+			m.Remove(context.Background(), s.ID, true)
+		}
+		e.stop()
+		eg.Close()
+		db.Close()
+	})
+	return e, in
+}
+
+// curl runs curl in the sandbox and returns its output (stdout+stderr) and exit code.
+func curl(t *testing.T, e *env, id string, args ...string) (string, int) {
+	t.Helper()
+	r, err := e.c.Exec(context.Background(), id, api.ExecRequest{Cmd: append([]string{"curl", "-sS", "--max-time", "5"}, args...), Timeout: api.Duration(20 * time.Second)})
+	if err != nil {
+		t.Fatalf("curl %v: %v", args, err)
+	}
+	return string(r.Stdout) + string(r.Stderr), r.ExitCode
+}
+
+func TestNetworkPolicy(t *testing.T) {
+	e, _ := newNetEnv(t)
+	ctx := context.Background()
+	// The default: loopback only.
+	plain := e.create(t, api.CreateRequest{})
+	if out, code := curl(t, e, plain.ID, "--noproxy", "*", "http://"+inetAddr+"/"); code == 0 {
+		t.Fatalf("a sandbox without network reached the internet: %s", out)
+	}
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test", "*.allowed.test"}}})
+	if sb.Address == "" {
+		t.Fatalf("networked sandbox has no address: %+v", sb)
+	}
+	// A program ignoring proxy variables goes through the transparent proxy.
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello from the test internet") {
+		t.Fatalf("allowed name, transparent: %d %s", code, out)
+	}
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "-k", "https://www.allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
+		t.Fatalf("allowed name over TLS (SNI): %d %s", code, out)
+	}
+	// Through HTTP(S)_PROXY, which den sets.
+	if out, code := curl(t, e, sb.ID, "-k", "https://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
+		t.Fatalf("allowed name via the explicit proxy: %d %s", code, out)
+	}
+	denied := map[string][]string{
+		"other name":          {"--noproxy", "*", "http://other.test/"},
+		"IP literal":          {"--noproxy", "*", "http://" + inetAddr + "/"},
+		"decimal literal":     {"http://3325256714/"},
+		"private resolution":  {"--noproxy", "*", "http://private.test/"},
+		"metadata":            {"--noproxy", "*", "http://169.254.169.254/"},
+		"gateway":             {"--noproxy", "*", "http://" + netip.MustParseAddr(sb.Address).Prev().String() + ":22/"},
+		"look-alike":          {"--noproxy", "*", "--resolve", "evilallowed.test:80:" + inetAddr, "http://evilallowed.test/"},
+		"spoofed SNI":         {"--noproxy", "*", "-k", "--resolve", "allowed.test:443:10.1.2.3", "https://allowed.test/"},
+		"raw tcp":             {"--noproxy", "*", "telnet://" + inetAddr + ":2222"},
+		"proxy to IP literal": {"-x", "", "--proxy", "http://" + netip.MustParseAddr(sb.Address).Prev().String() + ":1", "http://0x7f000001/"},
+	}
+	for what, args := range denied {
+		if what == "spoofed SNI" {
+			// The proxy dials the address it resolved itself, not 10.1.2.3: allowed, and safe.
+			if out, code := curl(t, e, sb.ID, args...); code != 0 || !strings.Contains(out, "hello") {
+				t.Errorf("%s: the proxy should dial the checked address: %d %s", what, code, out)
+			}
+			continue
+		}
+		if out, code := curl(t, e, sb.ID, args...); code == 0 && strings.Contains(out, "hello") {
+			t.Errorf("%s: reached the server: %s", what, out)
+		}
+	}
+	// Another sandbox is not reachable.
+	other := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetOpen}})
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://"+other.Address+":80/"); code == 0 {
+		t.Errorf("reached another sandbox: %s", out)
+	}
+	// The audit log explains: allowed and denied, with reasons.
+	evs, err := e.c.Events(ctx, client.EventFilter{Sandbox: sb.ID, Type: "net."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allows, denies int
+	for _, ev := range evs {
+		var d egress.Event
+		json.Unmarshal(ev.Data, &d)
+		switch d.Verdict {
+		case "allow":
+			allows++
+		case "deny":
+			denies++
+			if d.Reason == "" {
+				t.Errorf("deny without a reason: %s", ev.Data)
+			}
+		}
+	}
+	if allows < 3 || denies < 5 {
+		t.Fatalf("audit: %d allows, %d denies in %d events", allows, denies, len(evs))
+	}
+	// Live changes: open lets other.test through; none cuts everything.
+	if _, err := e.c.SetNetwork(ctx, sb.ID, api.NetworkPolicy{Mode: api.NetOpen}); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://other.test/"); code != 0 || !strings.Contains(out, "hello") {
+		t.Fatalf("open mode: %d %s", code, out)
+	}
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://private.test/"); code == 0 {
+		t.Fatalf("open mode reached a private address: %s", out)
+	}
+	if _, err := e.c.SetNetwork(ctx, sb.ID, api.NetworkPolicy{Mode: api.NetNone}); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code == 0 {
+		t.Fatalf("none mode still reaches out: %s", out)
+	}
+	// A plain sandbox gains a network live.
+	if _, err := e.c.SetNetwork(ctx, plain.ID, api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := curl(t, e, plain.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 {
+		t.Fatalf("after a live attach: %d %s", code, out)
+	}
+	// Bad policies: clear errors.
+	for _, bad := range []api.NetworkPolicy{{Mode: "sometimes"}, {Mode: api.NetAllow, Allow: []string{"exa mple.com"}}, {Mode: api.NetAllow, AllowCIDR: []string{"10.0.0.0/33"}}} {
+		_, err := e.c.SetNetwork(ctx, sb.ID, bad)
+		wantKind(t, err, api.KindInvalid)
+	}
+}
