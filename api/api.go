@@ -321,3 +321,21 @@ type NetworkPolicy struct {
 	Deny      []string `json:"deny,omitempty"`
 	AllowCIDR []string `json:"allow_cidr,omitempty"`
 }
+
+// PortRequest is the body of POST /v1/sandboxes/{id}/ports.
+type PortRequest struct {
+	Port   int  `json:"port"`
+	Public bool `json:"public,omitempty"` // no token needed
+}
+
+// Preview is a port of a sandbox shared through den's reverse proxy.
+type Preview struct {
+	Port   int    `json:"port"`
+	Public bool   `json:"public,omitempty"`
+	Token  string `json:"token,omitempty"` // for private previews
+	// Path is the preview's path on the daemon's listener (add the token
+	// as ?den_token= or the X-Den-Token header); Host, when the daemon has
+	// a preview domain, is the host name form PORT-ID.DOMAIN.
+	Path string `json:"path"`
+	Host string `json:"host,omitempty"`
+}

@@ -59,6 +59,7 @@ func cmdServe(args []string) error {
 	netOn := fs.Bool("net", true, "give networked sandboxes (--net allow|open) a veth on den's bridge, egress through den's proxy (needs nftables)")
 	bridge := fs.String("bridge", "den0", "bridge for sandbox networking")
 	subnet := fs.String("subnet", "10.88.0.0/16", "IPv4 subnet of the sandbox bridge")
+	previewDomain := fs.String("preview-domain", "", "serve shared ports as PORT-ID.DOMAIN too (point *.DOMAIN at a TCP --listen address)")
 	warm := fs.Int("warm", 2, "fresh host-image sandboxes kept booted so creates are instant (0 = none)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
@@ -121,6 +122,7 @@ func cmdServe(args []string) error {
 	cfg := sandbox.Config{
 		DataDir: *data, Runtime: rt, Store: db, Images: images, Log: log,
 		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs}, WarmPool: *warm,
+		PreviewDomain: *previewDomain,
 	}
 	if nw != nil {
 		_, _, hp := nw.Ports()
@@ -151,6 +153,7 @@ func cmdServe(args []string) error {
 		if !secure {
 			handler = server.WithToken(h, token)
 		}
+		handler = h.PreviewHost(*previewDomain, handler)
 		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 1 << 20}
 		servers = append(servers, srv)
 		log.Info("listening", "addr", l)

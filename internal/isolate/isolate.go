@@ -8,6 +8,7 @@ package isolate
 
 import (
 	"context"
+	"net"
 	"time"
 
 	"github.com/den-dev/den/internal/agent"
@@ -91,4 +92,10 @@ type Statser interface {
 type Networker interface {
 	AttachNet() (addr string, err error)
 	DetachNet() error
+}
+
+// Dialer is the optional ability to open a TCP connection to a port inside
+// the box as its own loopback sees it (servers bound to 127.0.0.1 too).
+type Dialer interface {
+	DialInside(ctx context.Context, port int) (net.Conn, error)
 }

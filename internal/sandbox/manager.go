@@ -34,6 +34,8 @@ type Config struct {
 	Store    *store.DB
 	Images   *image.Store
 	Defaults api.Limits // applied where a create request leaves a limit zero
+	// PreviewDomain, if set, makes previews reachable as PORT-ID.DOMAIN.
+	PreviewDomain string
 	// Egress, if set, lets sandboxes have networked modes (allow, open).
 	Egress *Egress
 	// WarmPool is how many fresh host-image sandboxes are kept booted and
@@ -86,6 +88,7 @@ type record struct {
 	api.Sandbox
 	UIDBase  int       `json:"uid_base"`
 	Services []service `json:"services,omitempty"`
+	Ports    []share   `json:"ports,omitempty"` // ports shared through the preview proxy
 }
 
 // New loads the sandboxes in the store, reattaching to those still running.

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -424,5 +425,77 @@ except OSError:
 	}
 	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
 		t.Fatalf("the sandbox stopped working: %d %s", code, out)
+	}
+}
+
+// Shared ports: a server bound only to the sandbox's loopback is reached
+// through den's reverse proxy (HTTP and WebSocket), private by default.
+func TestPreviewPorts(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{})
+	srv := e.startProc(t, sb.ID, `exec python3 -c '
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = ("path=" + self.path + " host=" + self.headers.get("Host", "")).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+'`)
+	_ = srv
+	var p api.Preview
+	for i := 0; i < 50; i++ { // wait for the server to listen
+		r := e.sh(t, sb.ID, "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000), 1)' 2>/dev/null && echo up")
+		if string(r.Stdout) == "up\n" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	status, b := e.raw(t, "POST", "/v1/sandboxes/"+sb.ID+"/ports", strings.NewReader(`{"port": 8000}`))
+	if status != 201 || json.Unmarshal(b, &p) != nil || p.Token == "" || p.Public {
+		t.Fatalf("share: %d %s", status, b)
+	}
+	if status, b := e.raw(t, "GET", p.Path+"hello?x=1", nil); status != 401 {
+		t.Fatalf("private preview without a token: %d %s", status, b)
+	}
+	status, b = e.raw(t, "GET", p.Path+"hello?x=1&den_token="+p.Token, nil)
+	if status != 200 || !strings.HasPrefix(string(b), "path=/hello?x=1 ") {
+		t.Fatalf("preview: %d %s", status, b)
+	}
+	if status, _ := e.raw(t, "GET", p.Path+"?den_token=wrong", nil); status != 401 {
+		t.Fatalf("wrong token: %d", status)
+	}
+	// Public: no token; unshare: gone.
+	e.raw(t, "POST", "/v1/sandboxes/"+sb.ID+"/ports", strings.NewReader(`{"port": 8000, "public": true}`))
+	if status, _ := e.raw(t, "GET", p.Path, nil); status != 200 {
+		t.Fatalf("public preview: %d", status)
+	}
+	if status, _ := e.raw(t, "DELETE", "/v1/sandboxes/"+sb.ID+"/ports/8000", nil); status != 204 {
+		t.Fatalf("unshare: %d", status)
+	}
+	if status, _ := e.raw(t, "GET", p.Path, nil); status != 404 {
+		t.Fatalf("after unshare: %d", status)
+	}
+	// Raw TCP (den forward) over a WebSocket.
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return net.Dial("unix", e.sock)
+	}}}
+	c, _, err := websocket.Dial(ctx, "ws://den/v1/sandboxes/"+sb.ID+"/ports/8000/tcp", &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write(ctx, websocket.MessageBinary, []byte("GET /raw HTTP/1.0\r\n\r\n"))
+	var got strings.Builder
+	for !strings.Contains(got.String(), "path=/raw") {
+		_, msg, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("tcp forward: %v (got %q)", err, got.String())
+		}
+		got.Write(msg)
+	}
+	c.CloseNow()
+	if status, _ := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/ports/9/tcp", nil); status != 409 {
+		t.Fatalf("a closed port: %d", status)
 	}
 }

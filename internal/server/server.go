@@ -56,6 +56,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 func WithToken(h http.Handler, token string) http.Handler {
 	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/preview/") {
+			h.ServeHTTP(w, r) // previews carry their own per-port tokens
+			return
+		}
 		got := []byte(r.Header.Get("Authorization"))
 		if subtle.ConstantTimeCompare(got, want) != 1 {
 			writeError(w, api.Errorf(api.KindUnauthorized, "missing or wrong bearer token: set DEN_TOKEN (the daemon keeps it in its data dir, file token)"))
@@ -100,6 +104,11 @@ func (s *Server) routes() {
 	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionProxy("DELETE"))
 	h("GET /v1/sandboxes/{id}/stats", byID(s.m.Stats))
 	h("PUT /v1/sandboxes/{id}/network", s.setNetwork)
+	h("POST /v1/sandboxes/{id}/ports", s.sharePort)
+	h("GET /v1/sandboxes/{id}/ports", byID(s.m.Ports))
+	h("DELETE /v1/sandboxes/{id}/ports/{port}", s.unsharePort)
+	h("GET /v1/sandboxes/{id}/ports/{port}/tcp", s.tcp)
+	h("/preview/{id}/{port}/{rest...}", s.preview)
 	h("GET /metrics", s.metrics)
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)

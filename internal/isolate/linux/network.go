@@ -2,10 +2,12 @@ package linux
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"text/template"
@@ -241,3 +243,43 @@ func (n *Network) Ports() (transparent, dns, httpProxy int) {
 
 // Subnet is the bridge's subnet: no sandbox may reach it (other sandboxes).
 func (n *Network) Subnet() netip.Prefix { return n.cfg.Subnet.Masked() }
+
+// DialInside connects to 127.0.0.1:port in the box's network namespace:
+// the socket is made on a thread that has entered that namespace, so it
+// reaches servers bound to the box's loopback, with or without a network.
+func (b *box) DialInside(ctx context.Context, port int) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is left locked (and so discarded when this goroutine
+		// ends) if it could not go back to the daemon's namespace.
+		orig, err := netns.Get()
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromPid(b.pid)
+		if err != nil {
+			ch <- result{nil, fmt.Errorf("sandbox network namespace: %w", err)}
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		ch <- result{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
+}

@@ -1,0 +1,149 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"net"
+	"sort"
+	"strconv"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/isolate"
+)
+
+// share is a port opened to den's reverse proxy.
+type share struct {
+	Port   int    `json:"port"`
+	Public bool   `json:"public,omitempty"`
+	Token  string `json:"token,omitempty"`
+}
+
+func (m *Manager) previewOf(id string, s share) *api.Preview {
+	p := &api.Preview{Port: s.Port, Public: s.Public, Token: s.Token,
+		Path: "/preview/" + id + "/" + strconv.Itoa(s.Port) + "/"}
+	if m.cfg.PreviewDomain != "" {
+		p.Host = strconv.Itoa(s.Port) + "-" + id[:12] + "." + m.cfg.PreviewDomain
+	}
+	return p
+}
+
+func validPort(p int) error {
+	if p < 1 || p > 65535 {
+		return api.FieldError("port", "%d is not a TCP port (1-65535)", p)
+	}
+	return nil
+}
+
+// SharePort opens a port of a sandbox to den's reverse proxy, private
+// (with a token) unless public. Sharing again replaces the token.
+func (m *Manager) SharePort(ctx context.Context, id string, req api.PortRequest) (*api.Preview, error) {
+	if err := validPort(req.Port); err != nil {
+		return nil, err
+	}
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return nil, err
+	}
+	s := share{Port: req.Port, Public: req.Public}
+	if !req.Public {
+		var b [24]byte
+		rand.Read(b[:])
+		s.Token = hex.EncodeToString(b[:])
+	}
+	kept := rec.Ports[:0]
+	for _, o := range rec.Ports {
+		if o.Port != req.Port {
+			kept = append(kept, o)
+		}
+	}
+	rec.Ports = append(kept, s)
+	sort.Slice(rec.Ports, func(i, j int) bool { return rec.Ports[i].Port < rec.Ports[j].Port })
+	if err := m.put(ctx, rec); err != nil {
+		return nil, err
+	}
+	m.event(rec.ID, "port.share", map[string]any{"port": s.Port, "public": s.Public})
+	return m.previewOf(rec.ID, s), nil
+}
+
+// Ports lists a sandbox's shared ports.
+func (m *Manager) Ports(ctx context.Context, id string) ([]*api.Preview, error) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := []*api.Preview{}
+	for _, s := range rec.Ports {
+		out = append(out, m.previewOf(rec.ID, s))
+	}
+	return out, nil
+}
+
+// UnsharePort closes a shared port.
+func (m *Manager) UnsharePort(ctx context.Context, id string, port int) error {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return err
+	}
+	kept := rec.Ports[:0]
+	for _, o := range rec.Ports {
+		if o.Port != port {
+			kept = append(kept, o)
+		}
+	}
+	if len(kept) == len(rec.Ports) {
+		return api.Errorf(api.KindNotFound, "port %d of sandbox %s is not shared", port, rec.ID[:12])
+	}
+	rec.Ports = kept
+	return m.put(ctx, rec)
+}
+
+// PreviewAllowed reports whether a request for a shared port may pass:
+// the port is shared, and public or the token matches.
+func (m *Manager) PreviewAllowed(ctx context.Context, id string, port int, token string) (string, error) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	for _, s := range rec.Ports {
+		if s.Port != port {
+			continue
+		}
+		if s.Public || (token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.Token)) == 1) {
+			return rec.ID, nil
+		}
+		return "", api.Errorf(api.KindUnauthorized, "this preview is private: add ?den_token=TOKEN (from den port)")
+	}
+	return "", api.Errorf(api.KindNotFound, "port %d of sandbox %s is not shared: den port %s %d", port, rec.ID[:12], rec.ID[:12], port)
+}
+
+// DialPort connects to a port inside a running sandbox (its loopback).
+func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	if err := validPort(port); err != nil {
+		return nil, err
+	}
+	_, sb, err := m.Agent(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := m.box(sb.ID).(isolate.Dialer)
+	if !ok {
+		return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot reach ports inside a sandbox", m.rt.Name())
+	}
+	c, err := d.DialInside(ctx, port)
+	if err != nil {
+		return nil, api.Errorf(api.KindConflict, "nothing answers on port %d in sandbox %s: %v", port, sb.ID[:12], err)
+	}
+	return c, nil
+}
