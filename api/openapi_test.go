@@ -382,6 +382,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"ExecRequest":   ExecRequest{},
 		"Sandbox":       Sandbox{},
 		"Limits":        Limits{},
+		"NetworkPolicy": NetworkPolicy{},
 		"ExitStatus":    ExitStatus{},
 		"ExecResult":    ExecResult{},
 		"FileInfo":      FileInfo{},
@@ -432,7 +433,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 	}
 
 	// The server rejects unknown fields in request bodies.
-	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "PullRequest", "CommitRequest"} {
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "PullRequest", "CommitRequest"} {
 		if obj(schemas[name])["additionalProperties"] != false {
 			t.Errorf("request schema %s: want additionalProperties: false", name)
 		}
@@ -530,5 +531,20 @@ func TestOpenAPIImageStreams(t *testing.T) {
 	}
 	if obj(obj(obj(build["requestBody"])["content"])["application/x-tar"]) == nil {
 		t.Error("build: the body is a tar of the build context")
+	}
+}
+
+func TestOpenAPINetworkModes(t *testing.T) {
+	doc := openAPIDoc(t)
+	np := obj(obj(obj(doc["components"])["schemas"])["NetworkPolicy"])
+	var got []string
+	for _, m := range asList(obj(obj(np["properties"])["mode"])["enum"]) {
+		got = append(got, fmt.Sprint(m))
+	}
+	sort.Strings(got)
+	want := []string{NetAllow, NetNone, NetOpen}
+	sort.Strings(want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("NetworkPolicy.mode enum = %v, want %v", got, want)
 	}
 }

@@ -64,6 +64,7 @@ var routes = []string{
 	"POST /v1/sandboxes/{id}/processes/{proc}/kill",
 	"POST /v1/sandboxes/{id}/processes/{proc}/stdin",
 	"GET /v1/sandboxes/{id}/processes/{proc}/wait",
+	"PUT /v1/sandboxes/{id}/network",
 	"GET /v1/sandboxes/{id}/sessions",
 	"DELETE /v1/sandboxes/{id}/sessions/{name}",
 	"GET /v1/sandboxes/{id}/stats",
@@ -207,6 +208,16 @@ func TestRequests(t *testing.T) {
 					},
 					"POST", "/v1/sandboxes", "",
 					`{"name":"web","labels":{"a":"b"},"limits":{"memory":536870912},"ttl":"1h0m0s"}`, sb},
+				{"create with network", jsonAnswer(201, sb),
+					func() (any, error) {
+						return c.Create(ctx, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"example.com"}}})
+					},
+					"POST", "/v1/sandboxes", "", `{"network":{"mode":"allow","allow":["example.com"]}}`, sb},
+				{"set network", jsonAnswer(200, sb),
+					func() (any, error) {
+						return c.SetNetwork(ctx, "web", api.NetworkPolicy{Mode: api.NetOpen, Deny: []string{"x.example"}, AllowCIDR: []string{"10.0.0.0/8"}})
+					},
+					"PUT", "/v1/sandboxes/web/network", "", `{"mode":"open","deny":["x.example"],"allow_cidr":["10.0.0.0/8"]}`, sb},
 				{"list", jsonAnswer(200, []*api.Sandbox{sb}),
 					func() (any, error) { return c.List(ctx, map[string]string{"b": "2", "a": "1"}) },
 					"GET", "/v1/sandboxes", "label=a%3D1&label=b%3D2", "", []*api.Sandbox{sb}},

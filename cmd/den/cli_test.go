@@ -215,7 +215,7 @@ func TestCreateExec(t *testing.T) {
 func TestLs(t *testing.T) {
 	f := newFakeDaemon(t)
 	a := f.addSandbox(api.CreateRequest{Name: "alpha", Image: "alpine:3.20", Labels: map[string]string{"team": "x", "b": "2"}})
-	b := f.addSandbox(api.CreateRequest{Name: "beta"})
+	b := f.addSandbox(api.CreateRequest{Name: "beta", Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"example.com"}}})
 
 	r := den(t, f, "", "ls")
 	if r.code != 0 {
@@ -225,13 +225,13 @@ func TestLs(t *testing.T) {
 	if len(lines) != 3 {
 		t.Fatalf("ls printed %d lines:\n%s", len(lines), r.stdout)
 	}
-	if !regexp.MustCompile(`^ID\s+NAME\s+IMAGE\s+STATE\s+CREATED\s+LABELS$`).MatchString(lines[0]) {
+	if !regexp.MustCompile(`^ID\s+NAME\s+IMAGE\s+STATE\s+NET\s+CREATED\s+LABELS$`).MatchString(lines[0]) {
 		t.Errorf("header %q", lines[0])
 	}
 	all := strings.Join(lines[1:], "\n")
 	for _, want := range []*regexp.Regexp{
-		regexp.MustCompile(`(?m)^` + a.ID[:12] + `\s+alpha\s+alpine:3\.20\s+running\s+3 minutes ago\s+b=2,team=x$`),
-		regexp.MustCompile(`(?m)^` + b.ID[:12] + `\s+beta\s+host\s+running\s+3 minutes ago\s*$`),
+		regexp.MustCompile(`(?m)^` + a.ID[:12] + `\s+alpha\s+alpine:3\.20\s+running\s+none\s+3 minutes ago\s+b=2,team=x$`),
+		regexp.MustCompile(`(?m)^` + b.ID[:12] + `\s+beta\s+host\s+running\s+allow\s+3 minutes ago\s*$`),
 	} {
 		if !want.MatchString(all) {
 			t.Errorf("ls table does not match %s:\n%s", want, r.stdout)

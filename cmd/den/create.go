@@ -13,6 +13,7 @@ var verbCreate = &verb{
 	synopsis: "[flags]",
 	example: `den create --image alpine:3.20 --memory 512m --ttl 1h --label task=42
 		den create --name dev --idle-timeout 30m
+		den create --allow pypi.org --allow '*.pythonhosted.org'
 		den exec "$(den create)" -- uname -a`,
 	run: cmdCreate,
 }
@@ -25,6 +26,7 @@ type sandboxOpts struct {
 	memory                     api.Size
 	pids                       int
 	ttl, idleTimeout           api.Duration
+	net                        netOpts
 }
 
 func (o *sandboxOpts) define(f *flagSet) {
@@ -39,9 +41,16 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(durationValue{&o.ttl}, "ttl", "", "DURATION", "remove the sandbox after this long, like 1h")
 	f.Var(durationValue{&o.idleTimeout}, "idle-timeout", "", "DURATION", "stop the sandbox after this long without exec, file or process activity, like 30m (files are kept; den start resumes it)")
 	f.Var(listValue{&o.labels, checkLabel}, "label", "l", "K=V", "set a label (repeatable)")
+	o.net.define(f)
 }
 
-func (o *sandboxOpts) request() api.CreateRequest {
+// request returns the create request the flags describe; v is the verb,
+// for errors in the network flags.
+func (o *sandboxOpts) request(v *verb) (api.CreateRequest, error) {
+	network, err := o.net.policy(v)
+	if err != nil {
+		return api.CreateRequest{}, err
+	}
 	return api.CreateRequest{
 		Name:        o.name,
 		Image:       o.image,
@@ -52,7 +61,8 @@ func (o *sandboxOpts) request() api.CreateRequest {
 		Limits:      api.Limits{CPUs: o.cpus, Memory: o.memory, Pids: o.pids},
 		TTL:         o.ttl,
 		IdleTimeout: o.idleTimeout,
-	}
+		Network:     network,
+	}, nil
 }
 
 func cmdCreate(c *cli, v *verb, args []string) error {
@@ -67,7 +77,11 @@ func cmdCreate(c *cli, v *verb, args []string) error {
 	if len(pos) > 0 {
 		return usagef(v, "create takes no arguments (got %q); to run a command use `den run`", pos[0])
 	}
-	sb, err := c.client(f).Create(context.Background(), o.request())
+	req, err := o.request(v)
+	if err != nil {
+		return err
+	}
+	sb, err := c.client(f).Create(context.Background(), req)
 	if err != nil {
 		return err
 	}

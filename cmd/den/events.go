@@ -83,11 +83,7 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 	ctx := context.Background()
 	cl := c.client(f)
 	if filter.Sandbox != "" {
-		// The log is keyed by full ids; resolve a name or prefix if the
-		// sandbox still exists.
-		if sb, err := cl.Get(ctx, filter.Sandbox); err == nil {
-			filter.Sandbox = sb.ID
-		} else if !errors.Is(err, api.ErrNotFound) {
+		if filter.Sandbox, err = eventSandbox(ctx, cl, filter.Sandbox); err != nil {
 			return err
 		}
 	}
@@ -125,23 +121,51 @@ func eventData(e *api.Event) string {
 	return data.String()
 }
 
-// eventsPoll is how often den events -f asks for new events.
+// eventSandbox resolves a sandbox name or id prefix to the full id the
+// event log is keyed by, if the sandbox still exists; else id is taken as
+// it is (the events of a removed sandbox stay in the log).
+func eventSandbox(ctx context.Context, cl *client.Client, id string) (string, error) {
+	sb, err := cl.Get(ctx, id)
+	switch {
+	case err == nil:
+		return sb.ID, nil
+	case errors.Is(err, api.ErrNotFound):
+		return id, nil
+	}
+	return "", err
+}
+
+// eventsPoll is how often den events -f (and den net log -f) asks for new
+// events.
 var eventsPoll = 500 * time.Millisecond
 
 // followEvents prints the events of filter, then new ones as they come,
 // until Ctrl-C or filter.Limit events.
 func (c *cli) followEvents(cl *client.Client, filter client.EventFilter, jsonOut bool) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetEscapeHTML(false)
+	if !jsonOut {
+		fmt.Fprintf(c.stdout, "%-19s   %-12s   %-20s   %s\n", "TIME", "SANDBOX", "TYPE", "DATA")
+	}
+	return pollEvents(cl, filter, func(e *api.Event) error {
+		if jsonOut {
+			return enc.Encode(e)
+		}
+		_, err := fmt.Fprintf(c.stdout, "%-19s   %-12s   %-20s   %s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
+		return err
+	})
+}
+
+// pollEvents calls each for the events of filter (only new ones when
+// filter.Since is zero), then for new ones as they come, every eventsPoll,
+// until Ctrl-C (exit code 130) or filter.Limit events.
+func pollEvents(cl *client.Client, filter client.EventFilter, each func(*api.Event) error) error {
 	ctx, stop := signalContext()
 	defer stop()
 	limit := filter.Limit
 	filter.Limit = 0
 	if filter.Since.IsZero() {
 		filter.Since = time.Now() // only new events
-	}
-	enc := json.NewEncoder(c.stdout)
-	enc.SetEscapeHTML(false)
-	if !jsonOut {
-		fmt.Fprintf(c.stdout, "%-19s   %-12s   %-20s   %s\n", "TIME", "SANDBOX", "TYPE", "DATA")
 	}
 	printed := 0
 	for {
@@ -156,12 +180,8 @@ func (c *cli) followEvents(cl *client.Client, filter client.EventFilter, jsonOut
 			if e.Seq > filter.After {
 				filter.After = e.Seq
 			}
-			if jsonOut {
-				if err := enc.Encode(e); err != nil {
-					return err
-				}
-			} else {
-				fmt.Fprintf(c.stdout, "%-19s   %-12s   %-20s   %s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
+			if err := each(e); err != nil {
+				return err
 			}
 			if printed++; limit > 0 && printed >= limit {
 				return nil

@@ -71,6 +71,7 @@ type fakeDaemon struct {
 	pulls     []api.PullRequest         // bodies of POST images/pull
 	builds    []fakeBuild               // POST images/build requests
 	commits   []api.CommitRequest       // bodies of POST commit
+	netSets   []api.NetworkPolicy       // bodies of PUT network
 }
 
 // fakeBuild is one build request: its query and, for a Dockerfile build,
@@ -260,6 +261,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	handle("POST /v1/images/pull", f.pullImage)
 	handle("POST /v1/images/build", f.buildImage)
 	handle("POST /v1/sandboxes/{id}/commit", f.commit)
+	handle("PUT /v1/sandboxes/{id}/network", f.setNetwork)
 	handle("GET /v1/images/save", f.saveImages)
 	handle("POST /v1/images/prune", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, 200, map[string]any{"images": []string{"den-cache/0123", "den-cache/4567"}, "layers": 3})
@@ -352,6 +354,10 @@ func (f *fakeDaemon) newSandbox(req api.CreateRequest) (*fakeSandbox, error) {
 	s := &fakeSandbox{root: root, sb: &api.Sandbox{ID: id, Name: req.Name, Image: img, Runtime: "fake", State: api.StateRunning,
 		Labels: req.Labels, Env: req.Env, Workdir: req.Workdir, User: req.User, Limits: req.Limits, TTL: req.TTL,
 		CreatedAt: time.Now().Add(-3 * time.Minute)}}
+	s.sb.Network = api.NetworkPolicy{Mode: api.NetNone}
+	if req.Network != nil {
+		setNet(s.sb, *req.Network)
+	}
 	f.sandboxes[id] = s
 	f.order = append(f.order, id)
 	f.event(id, "sandbox.create")
@@ -912,6 +918,48 @@ func (f *fakeDaemon) importImage(w http.ResponseWriter, r *http.Request) error {
 	}
 	enc.Encode(map[string]any{"progress": map[string]any{"done": 1, "total": 1, "what": "config"}})
 	return enc.Encode(map[string]any{"images": []*api.Image{img}})
+}
+
+// setNetwork replaces a sandbox's policy as the daemon does; a mode it
+// does not know is invalid.
+func (f *fakeDaemon) setNetwork(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	var p api.NetworkPolicy
+	if err := decodeStrict(r, &p); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.netSets = append(f.netSets, p)
+	switch p.Mode {
+	case "", api.NetNone, api.NetAllow, api.NetOpen:
+	default:
+		return api.FieldError("network.mode", "bad mode %q", p.Mode)
+	}
+	setNet(s.sb, p)
+	return writeJSON(w, 200, s.sb)
+}
+
+// setNet gives sb policy p and, when networked, an address.
+func setNet(sb *api.Sandbox, p api.NetworkPolicy) {
+	if p.Mode == "" {
+		p.Mode = api.NetNone
+	}
+	sb.Network, sb.Address = p, ""
+	if p.Mode != api.NetNone {
+		sb.Address = "10.89.0.2"
+	}
+}
+
+// netEvent logs a net.KIND event with data d (an egress.Event's JSON).
+func (f *fakeDaemon) netEvent(sandbox, kind string, d map[string]any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, _ := json.Marshal(d)
+	f.events = append(f.events, &api.Event{Seq: int64(len(f.events) + 1), Time: time.Now(), Sandbox: sandbox, Type: "net." + kind, Data: b})
 }
 
 // decodeStrict decodes a JSON request body, refusing unknown fields as

@@ -18,7 +18,11 @@ var verbImage = &verb{
 	group: true,
 }
 
-func cmdImage(c *cli, v *verb, args []string) error {
+func cmdImage(c *cli, v *verb, args []string) error { return cmdGroup(c, v, args) }
+
+// cmdGroup runs a sub-command of the group v ("image", "net"): the verb
+// named "GROUP SUB".
+func cmdGroup(c *cli, v *verb, args []string) error {
 	// --host may come before the sub-command.
 	var pre []string
 	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
@@ -35,16 +39,16 @@ func cmdImage(c *cli, v *verb, args []string) error {
 		case strings.HasPrefix(a, "--host="):
 			pre, args = append(pre, a), args[1:]
 		default:
-			return usagef(v, "unknown flag %s (flags go after the image sub-command)", a)
+			return usagef(v, "unknown flag %s (flags go after the %s sub-command)", a, v.name)
 		}
 	}
 	if len(args) == 0 {
 		printGroup(c.stdout, v)
 		return nil
 	}
-	sub := findVerb("image " + args[0])
+	sub := findVerb(v.name + " " + args[0])
 	if sub == nil {
-		return usagef(v, "unknown image command %q", args[0])
+		return usagef(v, "unknown %s command %q", v.name, args[0])
 	}
 	return sub.run(c, sub, append(pre, args[1:]...))
 }

@@ -47,10 +47,10 @@ func cmdLs(c *cli, v *verb, args []string) error {
 		return nil
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tCREATED\tLABELS")
+	fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tNET\tCREATED\tLABELS")
 	now := time.Now()
 	for _, sb := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", shortID(sb.ID), sb.Name, sb.Image, sb.State, ago(sb.CreatedAt, now), labelText(sb.Labels))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", shortID(sb.ID), sb.Name, sb.Image, sb.State, netMode(sb.Network), ago(sb.CreatedAt, now), labelText(sb.Labels))
 	}
 	return tw.Flush()
 }

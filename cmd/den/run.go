@@ -17,10 +17,13 @@ killed by signal N, 124 on timeout, 137 when out of memory). With --rm the
 sandbox is removed afterwards, even on failure or Ctrl-C. Without a command,
 den run prints the new sandbox's id, like den create. Each argument is one
 argv entry; for a shell line use: den run -- sh -c '...'. With -it the
-command runs on an interactive terminal, as with den exec -it.`,
+command runs on an interactive terminal, as with den exec -it. A sandbox
+has no network (loopback only) unless --net, --allow or --allow-cidr says
+otherwise; see den net set -h.`,
 	example: `den run --rm --memory 512m --timeout 30s -- python3 -c 'print(6*7)'
 		cat data.csv | den run --rm -i --image alpine:3.20 -- wc -l
-		den run --rm -it --idle-timeout 30m -- bash`,
+		den run --rm -it --idle-timeout 30m -- bash
+		den run --rm --allow github.com -- git ls-remote https://github.com/den-dev/den`,
 	run: cmdRun,
 }
 
@@ -45,6 +48,10 @@ func cmdRun(c *cli, v *verb, args []string) error {
 	if eo.tty && *eo.jsonOut {
 		return usagef(v, "--json does not go with -t")
 	}
+	req, err := so.request(v)
+	if err != nil {
+		return err
+	}
 	eo.env, eo.workdir, eo.user = so.env, so.workdir, so.user
 	var stdin []byte
 	if eo.interactive && !eo.tty {
@@ -56,7 +63,7 @@ func cmdRun(c *cli, v *verb, args []string) error {
 	ctx, stop := signalContext()
 	defer stop()
 	cl := c.client(f)
-	sb, err := cl.Create(ctx, so.request())
+	sb, err := cl.Create(ctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(c.stderr, "den: interrupted")

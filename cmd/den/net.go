@@ -1,0 +1,349 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/egress"
+)
+
+var verbNet = &verb{
+	name:     "net",
+	summary:  "manage a sandbox's network: set, show, log",
+	synopsis: "COMMAND [flags] [ARG...]",
+	example: `den net set --allow pypi.org --allow '*.pythonhosted.org' web
+		den net show web
+		den net log -f web`,
+	run:   cmdGroup,
+	group: true,
+}
+
+var verbNetSet = &verb{
+	name:     "net set",
+	summary:  "replace a sandbox's egress policy",
+	synopsis: "[flags] ID",
+	details: `The new policy replaces the current one as a whole (den net show prints
+it) and is in force at once, also for a running sandbox. --net none cuts the
+sandbox off (loopback only); --net allow lets it reach only the --allow
+domains and --allow-cidr ranges; --net open lets it reach any public address.
+--deny domains are refused in every mode. --allow or --allow-cidr without
+--net means --net allow. Private, loopback and metadata addresses stay
+refused unless an --allow-cidr names them. Prints the sandbox's mode and,
+when networked, its address.`,
+	example: `den net set --allow github.com --allow '*.githubusercontent.com' web
+		den net set --net open --deny example.com web
+		den net set --net none web`,
+	run: cmdNetSet,
+}
+
+var verbNetShow = &verb{
+	name:     "net show",
+	summary:  "print a sandbox's egress policy and address",
+	synopsis: "[flags] ID",
+	example:  `den net show web`,
+	run:      cmdNetShow,
+}
+
+var verbNetLog = &verb{
+	name:     "net log",
+	summary:  "print a sandbox's DNS queries and connections",
+	synopsis: "[flags] ID",
+	details: `Prints the sandbox's network events (type net.dns and net.connect), oldest
+first: when, what (dns or connect), the name queried or connected to (TLS SNI
+or HTTP Host), the address and port (for DNS the answers), allow or deny,
+the bytes sent and received, and why. With -f den then waits for new events
+and prints each as it comes, until Ctrl-C or, with --limit N, N events;
+without --since it prints only new events. With --json the events are
+printed as a JSON array (with -f, one JSON object a line).`,
+	example: `den net log web
+		den net log -f web
+		den net log --since 10m --json web | jq '.[].data | select(.Verdict == "deny")'`,
+	run: cmdNetLog,
+}
+
+// netOpts are the flags that describe an egress policy (den run, den
+// create, den net set).
+type netOpts struct {
+	mode                   string
+	allow, deny, allowCIDR []string
+}
+
+func (o *netOpts) define(f *flagSet) {
+	f.Var(modeValue{&o.mode}, "net", "", "MODE", "network: none (loopback only, the default), allow (only the --allow domains and --allow-cidr ranges) or open (any public address)")
+	f.Var(listValue{&o.allow, checkDomain}, "allow", "", "DOMAIN", "allow a domain: example.com, or *.example.com for its subdomains (repeatable; implies --net allow)")
+	f.Var(listValue{&o.deny, checkDomain}, "deny", "", "DOMAIN", "refuse a domain in every mode (repeatable)")
+	f.Var(listValue{&o.allowCIDR, checkCIDR}, "allow-cidr", "", "CIDR", "allow an address range like 203.0.113.0/24, or an address, even a private one (repeatable; implies --net allow)")
+}
+
+// given reports whether any of the flags was given.
+func (o *netOpts) given() bool {
+	return o.mode != "" || len(o.allow) > 0 || len(o.deny) > 0 || len(o.allowCIDR) > 0
+}
+
+// policy returns the policy the flags describe, or nil when none was given.
+func (o *netOpts) policy(v *verb) (*api.NetworkPolicy, error) {
+	if !o.given() {
+		return nil, nil
+	}
+	p := &api.NetworkPolicy{Mode: o.mode, Allow: o.allow, Deny: o.deny, AllowCIDR: o.allowCIDR}
+	lists := len(o.allow) > 0 || len(o.allowCIDR) > 0
+	switch {
+	case p.Mode == "" && lists:
+		p.Mode = api.NetAllow
+	case p.Mode == "":
+		return nil, usagef(v, "--deny alone leaves the sandbox without network: add --net open or --allow DOMAIN")
+	case p.Mode == api.NetNone && lists:
+		return nil, usagef(v, "%s does not go with --net none (loopback only)", o.listFlag())
+	case p.Mode == api.NetOpen && len(o.allow) > 0:
+		return nil, usagef(v, "--allow does not go with --net open, which allows every public domain (--deny refuses some)")
+	}
+	return p, nil
+}
+
+// listFlag names the first allow list flag given.
+func (o *netOpts) listFlag() string {
+	if len(o.allow) > 0 {
+		return "--allow"
+	}
+	return "--allow-cidr"
+}
+
+// modeValue is a network mode: none, allow or open.
+type modeValue struct{ p *string }
+
+func (m modeValue) Set(v string) error {
+	switch v {
+	case api.NetNone, api.NetAllow, api.NetOpen:
+		*m.p = v
+		return nil
+	}
+	return fmt.Errorf("want %s, %s or %s", api.NetNone, api.NetAllow, api.NetOpen)
+}
+
+func (m modeValue) String() string {
+	if m.p == nil {
+		return ""
+	}
+	return *m.p
+}
+
+// checkDomain accepts a domain name or *.suffix.
+func checkDomain(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	name := strings.TrimPrefix(s, "*.")
+	switch {
+	case isAddr(name):
+		return "", errors.New("an address, not a domain: use --allow-cidr")
+	case name == "" || name == "." || strings.ContainsAny(name, " \t\n/:@*"):
+		return "", errors.New("want a domain like example.com or *.example.com")
+	}
+	return s, nil
+}
+
+func isAddr(s string) bool {
+	_, err := netip.ParseAddr(strings.Trim(s, "[]"))
+	return err == nil
+}
+
+// checkCIDR accepts an address range or a single address.
+func checkCIDR(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if _, err := netip.ParsePrefix(s); err == nil {
+		return s, nil
+	}
+	if _, err := netip.ParseAddr(s); err == nil {
+		return s, nil
+	}
+	return "", errors.New("want a CIDR like 203.0.113.0/24, or an address")
+}
+
+// netMode is a policy's mode as shown: none when unset.
+func netMode(p api.NetworkPolicy) string {
+	if p.Mode == "" {
+		return api.NetNone
+	}
+	return p.Mode
+}
+
+func cmdNetSet(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	var o netOpts
+	o.define(f)
+	jsonOut := f.jsonFlag("print the sandbox as JSON")
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef(v, "net set needs one sandbox ID (got %d arguments)", len(pos))
+	}
+	if !o.given() {
+		return usagef(v, "net set needs --net, --allow or --allow-cidr (--net none cuts the sandbox off)")
+	}
+	p, err := o.policy(v)
+	if err != nil {
+		return err
+	}
+	sb, err := c.client(f).SetNetwork(context.Background(), pos[0], *p)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return c.printJSON(sb)
+	}
+	if sb.Address != "" {
+		_, err = fmt.Fprintf(c.stdout, "%s %s\n", netMode(sb.Network), sb.Address)
+	} else {
+		_, err = fmt.Fprintln(c.stdout, netMode(sb.Network))
+	}
+	return err
+}
+
+func cmdNetShow(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	jsonOut := f.jsonFlag(`print JSON: {"network": NetworkPolicy, "address": ...}`)
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef(v, "net show needs one sandbox ID (got %d arguments)", len(pos))
+	}
+	sb, err := c.client(f).Get(context.Background(), pos[0])
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return c.printJSON(struct {
+			Network api.NetworkPolicy `json:"network"`
+			Address string            `json:"address,omitempty"`
+		}{sb.Network, sb.Address})
+	}
+	list := func(l []string) string {
+		if len(l) == 0 {
+			return "-"
+		}
+		return strings.Join(l, ", ")
+	}
+	addr := sb.Address
+	if addr == "" {
+		addr = "-"
+	}
+	_, err = fmt.Fprintf(c.stdout, "Mode:        %s\nAddress:     %s\nAllow:       %s\nAllow CIDR:  %s\nDeny:        %s\n",
+		netMode(sb.Network), addr, list(sb.Network.Allow), list(sb.Network.AllowCIDR), list(sb.Network.Deny))
+	return err
+}
+
+// netRow is one event as the columns of den net log.
+func netRow(e *api.Event) []string {
+	// The data is the daemon's egress.Event, whose JSON keys are its Go
+	// field names.
+	var d egress.Event
+	json.Unmarshal(e.Data, &d) // what does not decode stays empty
+	t := d.Time
+	if t.IsZero() {
+		t = e.Time
+	}
+	kind := d.Kind
+	if kind == "" {
+		kind = strings.TrimPrefix(e.Type, "net.")
+	}
+	name := d.Name
+	if d.QType != "" {
+		name += " " + d.QType
+	}
+	addr := d.Addr
+	if d.Port != 0 && addr != "" && !strings.Contains(addr, ",") {
+		addr = net.JoinHostPort(addr, strconv.Itoa(d.Port))
+	} else if d.Port != 0 && addr == "" {
+		addr = ":" + strconv.Itoa(d.Port)
+	}
+	bytes := "-"
+	if kind != egress.KindDNS {
+		bytes = humanSize(d.BytesOut) + "/" + humanSize(d.BytesIn)
+	}
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	return []string{t.Local().Format("2006-01-02 15:04:05"), dash(kind), dash(name), dash(addr), dash(d.Verdict), bytes, d.Reason}
+}
+
+var netLogHeader = []string{"TIME", "KIND", "NAME", "ADDR:PORT", "VERDICT", "OUT/IN", "REASON"}
+
+// netLogWidths are the column widths of den net log -f, which cannot
+// align columns on what it has not seen yet.
+var netLogWidths = []int{19, 7, 30, 21, 7, 17}
+
+func netLogLine(cells []string) string {
+	var b strings.Builder
+	for i, s := range cells {
+		if i < len(netLogWidths) {
+			fmt.Fprintf(&b, "%-*s   ", netLogWidths[i], s)
+		} else {
+			b.WriteString(s)
+		}
+	}
+	return strings.TrimRight(b.String(), " ") + "\n"
+}
+
+func cmdNetLog(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	filter := client.EventFilter{Type: "net."}
+	f.Var(sinceValue{&filter.Since}, "since", "", "TIME", "only events since TIME: RFC 3339, a date, or a duration like 10m")
+	f.Var(intValue{&filter.Limit}, "limit", "n", "N", "print at most N events")
+	jsonOut := f.jsonFlag("print the events as a JSON array (with -f, one JSON object a line)")
+	follow := f.Bool("follow", "f", "keep printing new events as they come, until Ctrl-C")
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef(v, "net log needs one sandbox ID (got %d arguments)", len(pos))
+	}
+	ctx := context.Background()
+	cl := c.client(f)
+	if filter.Sandbox, err = eventSandbox(ctx, cl, pos[0]); err != nil {
+		return err
+	}
+	if *follow {
+		enc := json.NewEncoder(c.stdout)
+		enc.SetEscapeHTML(false)
+		if !*jsonOut {
+			fmt.Fprint(c.stdout, netLogLine(netLogHeader))
+		}
+		return pollEvents(cl, filter, func(e *api.Event) error {
+			if *jsonOut {
+				return enc.Encode(e)
+			}
+			_, err := fmt.Fprint(c.stdout, netLogLine(netRow(e)))
+			return err
+		})
+	}
+	list, err := cl.Events(ctx, filter)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		if list == nil {
+			return c.printJSON([]any{})
+		}
+		return c.printJSON(list)
+	}
+	tw := newTable(c.stdout)
+	fmt.Fprintln(tw, strings.Join(netLogHeader, "\t"))
+	for _, e := range list {
+		fmt.Fprintln(tw, strings.Join(netRow(e), "\t"))
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"encoding/json"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/egress"
+)
+
+func TestRunCreateNetFlags(t *testing.T) {
+	f := newFakeDaemon(t)
+	for _, tc := range []struct {
+		args []string
+		want *api.NetworkPolicy
+	}{
+		{[]string{"create"}, nil},
+		{[]string{"create", "--net", "open"}, &api.NetworkPolicy{Mode: api.NetOpen}},
+		{[]string{"create", "--net=none"}, &api.NetworkPolicy{Mode: api.NetNone}},
+		// --allow and --allow-cidr imply allow.
+		{[]string{"create", "--allow", "example.com", "--allow", "*.pypi.org", "--deny", "bad.example.com", "--allow-cidr", "10.1.0.0/16", "--allow-cidr", "192.0.2.7"},
+			&api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"example.com", "*.pypi.org"}, Deny: []string{"bad.example.com"}, AllowCIDR: []string{"10.1.0.0/16", "192.0.2.7"}}},
+		{[]string{"create", "--allow-cidr", "2001:db8::/32"}, &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{"2001:db8::/32"}}},
+		{[]string{"create", "--net", "open", "--deny", "example.com", "--allow-cidr", "10.0.0.1"},
+			&api.NetworkPolicy{Mode: api.NetOpen, Deny: []string{"example.com"}, AllowCIDR: []string{"10.0.0.1"}}},
+		{[]string{"run", "--rm", "--net", "allow", "--allow", "example.com", "--", "exit", "0"}, &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"example.com"}}},
+		{[]string{"run", "--rm", "--", "exit", "0"}, nil},
+	} {
+		n := len(f.creates)
+		r := den(t, f, "", tc.args...)
+		if r.code != 0 || len(f.creates) != n+1 {
+			t.Errorf("%q: %+v", tc.args, r)
+			continue
+		}
+		if got := f.creates[n].Network; !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%q sent network %+v, want %+v", tc.args, got, tc.want)
+		}
+	}
+	// The wire form: no network key without the flags.
+	r := den(t, f, "", "create", "--json", "--allow", "example.com")
+	var sb api.Sandbox
+	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil || sb.Network.Mode != api.NetAllow || sb.Address == "" {
+		t.Errorf("create --json --allow: %+v", r)
+	}
+}
+
+func TestNetFlagErrors(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box"})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--net", "wide", "--", "echo"}, "--net"},
+		{[]string{"create", "--net", "NONE"}, "--net"},
+		{[]string{"create", "--net"}, "--net"},
+		{[]string{"create", "--allow-cidr", "10.0.0.0/33"}, "--allow-cidr"},
+		{[]string{"create", "--allow-cidr", "example.com"}, "--allow-cidr"},
+		{[]string{"run", "--allow", "192.0.2.1", "--", "echo"}, "--allow-cidr"},
+		{[]string{"create", "--allow", "http://example.com/"}, "--allow"},
+		{[]string{"create", "--deny", ""}, "--deny"},
+		{[]string{"create", "--deny", "example.com"}, "--deny"},
+		{[]string{"create", "--net", "none", "--allow", "example.com"}, "--allow"},
+		{[]string{"create", "--allow-cidr", "10.0.0.0/8", "--net", "none"}, "--allow-cidr"},
+		{[]string{"run", "--net", "open", "--allow", "example.com", "--", "echo"}, "--allow"},
+		{[]string{"net", "set", "--net", "all", "box"}, "--net"},
+		{[]string{"net", "set", "--allow-cidr", "1.2.3", "box"}, "--allow-cidr"},
+		{[]string{"net", "set", "box"}, "--net"},
+		{[]string{"net", "set", "--net", "open"}, "one sandbox"},
+		{[]string{"net", "set", "--net", "open", "box", "other"}, "one sandbox"},
+		{[]string{"net", "set", "--deny", "example.com", "box"}, "--deny"},
+		{[]string{"net", "show"}, "one sandbox"},
+		{[]string{"net", "log", "box", "other"}, "one sandbox"},
+		{[]string{"net", "log", "--since", "whenever", "box"}, "--since"},
+		{[]string{"net", "frob"}, "frob"},
+		{[]string{"net", "--json", "show", "box"}, "--json"},
+	} {
+		r := den(t, f, "", tc.args...)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "den: ") || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2 naming %s", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	if len(f.creates) != 0 || len(f.netSets) != 0 {
+		t.Errorf("a bad command line sent requests: %+v %+v", f.creates, f.netSets)
+	}
+}
+
+func TestNetSet(t *testing.T) {
+	f := newFakeDaemon(t)
+	sb := f.addSandbox(api.CreateRequest{Name: "box"})
+
+	r := den(t, f, "", "net", "set", "--allow", "example.com", "--allow", "*.example.org", "--deny", "x.example.com", "--allow-cidr", "203.0.113.0/24", "box")
+	if r.code != 0 || r.stdout != "allow 10.89.0.2\n" || r.stderr != "" {
+		t.Errorf("net set --allow: %+v", r)
+	}
+	want := api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"example.com", "*.example.org"}, Deny: []string{"x.example.com"}, AllowCIDR: []string{"203.0.113.0/24"}}
+	if len(f.netSets) != 1 || !reflect.DeepEqual(f.netSets[0], want) {
+		t.Errorf("net set sent %+v, want %+v", f.netSets, want)
+	}
+	if !logHas(f, "PUT /v1/sandboxes/box/network", "") {
+		t.Errorf("no PUT network in %q", f.log)
+	}
+
+	// Flags after the ID; the id prefix is passed on.
+	if r := den(t, f, "", "net", "set", sb.ID[:8], "--net", "open"); r.code != 0 || r.stdout != "open 10.89.0.2\n" {
+		t.Errorf("net set --net open: %+v", r)
+	}
+	if got := f.netSets[len(f.netSets)-1]; !reflect.DeepEqual(got, api.NetworkPolicy{Mode: api.NetOpen}) {
+		t.Errorf("net set --net open sent %+v", got)
+	}
+	if r := den(t, f, "", "net", "set", "--net", "none", "box"); r.code != 0 || r.stdout != "none\n" {
+		t.Errorf("net set --net none: %+v", r)
+	}
+
+	r = den(t, f, "", "net", "set", "--json", "--net", "open", "box")
+	var got api.Sandbox
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.ID != sb.ID || got.Network.Mode != api.NetOpen || got.Address != "10.89.0.2" {
+		t.Errorf("net set --json: %+v", r)
+	}
+
+	// --host before the sub-command.
+	if r := den(t, nil, "", "net", "--host", f.host, "set", "--net", "none", "box"); r.code != 0 || r.stdout != "none\n" {
+		t.Errorf("net --host H set: %+v", r)
+	}
+
+	r = den(t, f, "", "net", "set", "--net", "open", "nope")
+	if r.code != 1 || !strings.Contains(r.stderr, `no such sandbox "nope"`) || !strings.Contains(r.stderr, "den ls") {
+		t.Errorf("net set on a missing sandbox: %+v", r)
+	}
+}
+
+func TestNetShow(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box", Network: &api.NetworkPolicy{Mode: api.NetAllow,
+		Allow: []string{"example.com", "*.example.org"}, AllowCIDR: []string{"203.0.113.0/24"}}})
+	f.addSandbox(api.CreateRequest{Name: "off"})
+
+	r := den(t, f, "", "net", "show", "box")
+	want := "Mode:        allow\nAddress:     10.89.0.2\nAllow:       example.com, *.example.org\nAllow CIDR:  203.0.113.0/24\nDeny:        -\n"
+	if r.code != 0 || r.stdout != want {
+		t.Errorf("net show:\n%s\nwant\n%s(%+v)", r.stdout, want, r)
+	}
+	r = den(t, f, "", "net", "show", "off")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "Mode:        none\nAddress:     -\n") {
+		t.Errorf("net show of an offline sandbox:\n%s", r.stdout)
+	}
+	r = den(t, f, "", "net", "show", "--json", "box")
+	var doc struct {
+		Network api.NetworkPolicy
+		Address string
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || doc.Network.Mode != api.NetAllow || len(doc.Network.Allow) != 2 || doc.Address != "10.89.0.2" {
+		t.Errorf("net show --json: %+v", r)
+	}
+	if !strings.Contains(r.stdout, `"allow_cidr": [`) || !strings.Contains(r.stdout, `"address": "10.89.0.2"`) {
+		t.Errorf("net show --json does not use the API's keys:\n%s", r.stdout)
+	}
+	if r := den(t, f, "", "net", "show", "nope"); r.code != 1 || !strings.Contains(r.stderr, "den ls") {
+		t.Errorf("net show of a missing sandbox: %+v", r)
+	}
+}
+
+// egressData is the data of a net.* event, as the daemon writes it.
+func egressData(t *testing.T, ev egress.Event) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestNetLog(t *testing.T) {
+	f := newFakeDaemon(t)
+	sb := f.addSandbox(api.CreateRequest{Name: "box", Network: &api.NetworkPolicy{Mode: api.NetOpen}})
+	other := f.addSandbox(api.CreateRequest{Name: "other"})
+	at := time.Date(2025, 3, 4, 5, 6, 7, 0, time.Local)
+	f.netEvent(sb.ID, "dns", egressData(t, egress.Event{Time: at, Sandbox: sb.ID, Kind: egress.KindDNS, Name: "example.com", QType: "A",
+		Addr: "93.184.215.14,93.184.215.15", Verdict: egress.VerdictAllow, Reason: "open mode", Duration: 3 * time.Millisecond, SrcPort: 40000}))
+	f.netEvent(sb.ID, "connect", egressData(t, egress.Event{Time: at.Add(time.Second), Sandbox: sb.ID, Kind: egress.KindConnect, Name: "example.com",
+		Addr: "93.184.215.14", Port: 443, BytesOut: 512, BytesIn: 3 << 20, Verdict: egress.VerdictAllow, Reason: "open mode", Duration: time.Second}))
+	f.netEvent(sb.ID, "connect", egressData(t, egress.Event{Time: at.Add(2 * time.Second), Sandbox: sb.ID, Kind: egress.KindConnect,
+		Addr: "2001:db8::1", Port: 80, Verdict: egress.VerdictDeny, Reason: "private address"}))
+	f.netEvent(other.ID, "connect", egressData(t, egress.Event{Time: at, Sandbox: other.ID, Kind: egress.KindConnect, Name: "elsewhere.example", Port: 443}))
+
+	r := den(t, f, "", "net", "log", "box")
+	if r.code != 0 {
+		t.Fatalf("net log: %+v", r)
+	}
+	q := f.lastQuery["GET /v1/events"]
+	if !strings.Contains(q, "sandbox="+sb.ID) || !strings.Contains(q, "type=net.") {
+		t.Errorf("net log query %q", q)
+	}
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	wants := []string{
+		`^TIME\s+KIND\s+NAME\s+ADDR:PORT\s+VERDICT\s+OUT/IN\s+REASON$`,
+		`^2025-03-04 05:06:07\s+dns\s+example\.com A\s+93\.184\.215\.14,93\.184\.215\.15\s+allow\s+-\s+open mode$`,
+		`^2025-03-04 05:06:08\s+connect\s+example\.com\s+93\.184\.215\.14:443\s+allow\s+512B/3\.00MiB\s+open mode$`,
+		`^2025-03-04 05:06:09\s+connect\s+-\s+\[2001:db8::1\]:80\s+deny\s+0B/0B\s+private address$`,
+	}
+	if len(lines) != len(wants) {
+		t.Fatalf("net log printed %d lines, want %d:\n%s", len(lines), len(wants), r.stdout)
+	}
+	for i, w := range wants {
+		if !regexp.MustCompile(w).MatchString(lines[i]) {
+			t.Errorf("net log line %d %q does not match %s", i, lines[i], w)
+		}
+	}
+
+	r = den(t, f, "", "net", "log", "--json", "box")
+	var list []*api.Event
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 3 || list[0].Type != "net.dns" {
+		t.Errorf("net log --json: %+v", r)
+	}
+	if r := den(t, f, "", "net", "log", "--json", "--since", "1h", "other"); r.code != 0 || !strings.Contains(r.stdout, "elsewhere.example") ||
+		!strings.Contains(f.lastQuery["GET /v1/events"], "since=") {
+		t.Errorf("net log --since: %+v", r)
+	}
+	// A removed sandbox's log is still there under its full id.
+	if r := den(t, f, "", "net", "log", "--json", "0000"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("net log of an unknown sandbox: %+v", r)
+	}
+}
+
+func TestNetLogFollow(t *testing.T) {
+	f := newFakeDaemon(t)
+	sb := f.addSandbox(api.CreateRequest{Name: "box", Network: &api.NetworkPolicy{Mode: api.NetOpen}})
+	f.netEvent(sb.ID, "dns", egressData(t, egress.Event{Sandbox: sb.ID, Kind: egress.KindDNS, Name: "old.example"})) // before: not printed
+	old := eventsPoll
+	eventsPoll = 5 * time.Millisecond
+	defer func() { eventsPoll = old }()
+
+	stdout, _, code := background(f, nil, "net", "log", "-f", "-n", "2", "box")
+	eventually(t, "the first poll", func() bool { return logHas(f, "GET /v1/events", "since=") })
+	time.Sleep(10 * time.Millisecond)
+	f.mu.Lock()
+	f.event(sb.ID, "exec.start") // not a net event
+	f.mu.Unlock()
+	f.netEvent(sb.ID, "connect", egressData(t, egress.Event{Time: time.Now(), Sandbox: sb.ID, Kind: egress.KindConnect, Name: "new.example",
+		Addr: "192.0.2.1", Port: 443, BytesOut: 10, BytesIn: 20, Verdict: egress.VerdictAllow, Reason: "open mode"}))
+	eventually(t, "the first event", func() bool { return strings.Count(stdout.String(), "\n") >= 2 })
+	f.netEvent(sb.ID, "dns", egressData(t, egress.Event{Time: time.Now(), Sandbox: sb.ID, Kind: egress.KindDNS, Name: "deny.example", QType: "AAAA",
+		Verdict: egress.VerdictDeny, Reason: "not allowed"}))
+	if c := waitCode(t, code); c != 0 {
+		t.Errorf("net log -f -n 2: exit %d", c)
+	}
+	want := `^TIME\s+KIND\s+NAME\s+ADDR:PORT\s+VERDICT\s+OUT/IN\s+REASON\n` +
+		`\S+ \S+\s+connect\s+new\.example\s+192\.0\.2\.1:443\s+allow\s+10B/20B\s+open mode\n` +
+		`\S+ \S+\s+dns\s+deny\.example AAAA\s+-\s+deny\s+-\s+not allowed\n$`
+	if !regexp.MustCompile(want).MatchString(stdout.String()) {
+		t.Errorf("net log -f:\n%s", stdout.String())
+	}
+	if !logHas(f, "GET /v1/events", "type=net.") {
+		t.Errorf("net log -f does not ask for net. events: %q", f.log)
+	}
+
+	// --json: one event a line.
+	stdout, _, code = background(f, nil, "net", "log", "-f", "--json", "--since", "1h", "-n", "2", "box")
+	if c := waitCode(t, code); c != 0 {
+		t.Errorf("net log -f --json: exit %d", c)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var e api.Event
+		if err := json.Unmarshal([]byte(l), &e); err != nil || !strings.HasPrefix(e.Type, "net.") {
+			t.Errorf("net log -f --json line %q (%v)", l, err)
+		}
+	}
+}
+
+func TestNetHelp(t *testing.T) {
+	r := den(t, nil, "", "help")
+	if !regexp.MustCompile(`(?m)^  net\s+` + regexp.QuoteMeta(verbNet.summary) + `$`).MatchString(r.stdout) {
+		t.Errorf("den help does not list net:\n%s", r.stdout)
+	}
+	r = den(t, nil, "", "net")
+	for _, sub := range []string{"set", "show", "log"} {
+		if r.code != 0 || !regexp.MustCompile(`(?m)^  `+sub+`\s`).MatchString(r.stdout) {
+			t.Errorf("den net does not list %s:\n%s", sub, r.stdout)
+		}
+	}
+	for verb, wants := range map[string][]string{
+		"run":      {"--net MODE", "--allow DOMAIN", "--deny DOMAIN", "--allow-cidr CIDR", "den run --rm --allow"},
+		"create":   {"--net MODE", "--allow DOMAIN", "--deny DOMAIN", "--allow-cidr CIDR", "den create --allow"},
+		"net set":  {"--net MODE", "--allow DOMAIN", "--deny DOMAIN", "--allow-cidr CIDR", "--json", "den net set --allow"},
+		"net show": {"--json", "den net show web"},
+		"net log":  {"-f, --follow", "--json", "--since TIME", "-n, --limit N", "den net log -f web"},
+	} {
+		h := den(t, nil, "", append([]string{"help"}, strings.Fields(verb)...)...)
+		for _, w := range wants {
+			if !strings.Contains(h.stdout, w) {
+				t.Errorf("den help %s lacks %q:\n%s", verb, w, h.stdout)
+			}
+		}
+	}
+}
