@@ -79,7 +79,7 @@ const (
 	benchRebuildS    = 1.0 // a rebuild with nothing changed <= 1 s
 )
 
-var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "density", "runsc"}
+var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "density", "runsc"}
 
 // benchBwrapArgv is the bwrap peer: the namespace floor.
 var benchBwrapArgv = []string{"bwrap", "--unshare-all", "--die-with-parent",
@@ -560,6 +560,8 @@ func (b *bench) run(ctx context.Context, scenarios []string) error {
 			err = b.reattach(ctx)
 		case "procs":
 			err = b.procs(ctx)
+		case "egress":
+			err = b.egress(ctx)
 		case "image-size":
 			err = b.imageSize(ctx)
 		case "rebuild":
