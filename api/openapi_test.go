@@ -38,11 +38,16 @@ var httpMethods = map[string]bool{
 type docRoute struct {
 	method, path string // "GET", "/v1/sandboxes/{id}" (query string stripped)
 	body, answer string // the other two columns
+	// anyMethod marks a row without a method whose second column is
+	// "any" (the preview proxy): the document lists it as GET with
+	// "x-any-method": true.
+	anyMethod bool
 }
 
-// routeRow matches a route table row: the versioned routes and the few
-// unversioned ones (GET /metrics).
-var routeRow = regexp.MustCompile("^\\|\\s*`([A-Z]+) (/[^`]*)`\\s*\\|")
+// routeRow matches a route table row: the versioned routes, the few
+// unversioned ones (GET /metrics) and those for any method, which have no
+// method (/preview/...).
+var routeRow = regexp.MustCompile("^\\|\\s*`(?:([A-Z]+) )?(/[^`]*)`\\s*\\|")
 
 func docRoutes(t *testing.T) []docRoute {
 	t.Helper()
@@ -61,11 +66,28 @@ func docRoutes(t *testing.T) []docRoute {
 		if len(cols) < 3 {
 			t.Fatalf("docs/api.md: route row has %d columns: %s", len(cols), line)
 		}
-		out = append(out, docRoute{
+		r := docRoute{
 			method: m[1], path: p,
 			body:   strings.TrimSpace(cols[1]),
 			answer: strings.TrimSpace(strings.Join(cols[2:], "|")),
-		})
+		}
+		if r.method == "" {
+			// A route for any method: the second column says so, and
+			// the route takes whatever body its method does.
+			if r.body != "any" {
+				t.Fatalf("docs/api.md: a route row without a method must say any in its second column: %s", line)
+			}
+			r.method, r.body, r.anyMethod = "GET", "", true
+		}
+		// A trailing /... (the rest of the path, slashes included) is
+		// the path parameter {rest} in the document.
+		if rest, ok := strings.CutSuffix(r.path, "/..."); ok {
+			r.path = rest + "/{rest}"
+		}
+		if strings.Contains(r.path, "...") {
+			t.Fatalf("docs/api.md: ... only at the end of a path: %s", line)
+		}
+		out = append(out, r)
 	}
 	if len(out) < 10 {
 		t.Fatalf("docs/api.md: found only %d route rows; did the table format change?", len(out))
@@ -113,6 +135,36 @@ func TestOpenAPIRoutesMatchDocs(t *testing.T) {
 	for k := range got {
 		if !want[k] {
 			t.Errorf("route %s is in api/openapi.json but not in docs/api.md", k)
+		}
+	}
+	// A route for any method is one GET operation marked x-any-method,
+	// alone on its path; no other operation carries the mark.
+	anyRoute := map[string]bool{}
+	for _, r := range docRoutes(t) {
+		if r.anyMethod {
+			anyRoute[r.method+" "+r.path] = true
+			n := 0
+			for m := range obj(obj(doc["paths"])[r.path]) {
+				if httpMethods[m] {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("route %s (any method): the document has %d operations on the path, want only get", r.path, n)
+			}
+		}
+	}
+	for p, item := range obj(doc["paths"]) {
+		for m, op := range obj(item) {
+			if !httpMethods[m] {
+				continue
+			}
+			k := strings.ToUpper(m) + " " + p
+			if mark, ok := obj(op)["x-any-method"]; ok && (mark != true || !anyRoute[k]) {
+				t.Errorf("%s: x-any-method %v, but docs/api.md lists the route for one method", k, mark)
+			} else if !ok && anyRoute[k] {
+				t.Errorf("%s: docs/api.md lists the route for any method; want x-any-method: true", k)
+			}
 		}
 	}
 }
@@ -405,6 +457,8 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"WindowSize":    WindowSize{},
 		"PullRequest":   PullRequest{},
 		"CommitRequest": CommitRequest{},
+		"PortRequest":   PortRequest{},
+		"Preview":       Preview{},
 		// The prune answer has no type in this package; pruneResult
 		// mirrors the daemon's.
 		"PruneResult": pruneResult{},
@@ -433,7 +487,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 	}
 
 	// The server rejects unknown fields in request bodies.
-	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "PullRequest", "CommitRequest"} {
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "PullRequest", "CommitRequest", "PortRequest"} {
 		if obj(schemas[name])["additionalProperties"] != false {
 			t.Errorf("request schema %s: want additionalProperties: false", name)
 		}

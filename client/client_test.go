@@ -65,6 +65,9 @@ var routes = []string{
 	"POST /v1/sandboxes/{id}/processes/{proc}/stdin",
 	"GET /v1/sandboxes/{id}/processes/{proc}/wait",
 	"PUT /v1/sandboxes/{id}/network",
+	"POST /v1/sandboxes/{id}/ports",
+	"GET /v1/sandboxes/{id}/ports",
+	"DELETE /v1/sandboxes/{id}/ports/{port}",
 	"GET /v1/sandboxes/{id}/sessions",
 	"DELETE /v1/sandboxes/{id}/sessions/{name}",
 	"GET /v1/sandboxes/{id}/stats",
@@ -182,6 +185,8 @@ func TestRequests(t *testing.T) {
 				Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Ended: time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC),
 				Exit: &api.ExitStatus{Reason: api.ReasonExited, Duration: api.Duration(time.Second)}, Output: 12}
 			exit := &api.ExitStatus{ExitCode: 3, Reason: api.ReasonExited, Duration: api.Duration(2 * time.Second)}
+			preview := &api.Preview{Port: 8000, Token: "t0k", Path: "/preview/0123456789abcdef/8000/"}
+			public := &api.Preview{Port: 3000, Public: true, Path: "/preview/0123456789abcdef/3000/", Host: "3000-0123456789ab.example.test"}
 			session := &api.Session{Name: "s1", Pid: 12, Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Busy: true}
 			stats := &api.Stats{ID: "0123456789abcdef", CPU: api.Duration(1500 * time.Millisecond), Memory: 10 << 20,
 				MemoryLimit: 512 << 20, Pids: 3, PidsLimit: 100, Disk: 4096, NetRxBytes: 10, NetTxBytes: 20,
@@ -218,6 +223,18 @@ func TestRequests(t *testing.T) {
 						return c.SetNetwork(ctx, "web", api.NetworkPolicy{Mode: api.NetOpen, Deny: []string{"x.example"}, AllowCIDR: []string{"10.0.0.0/8"}})
 					},
 					"PUT", "/v1/sandboxes/web/network", "", `{"mode":"open","deny":["x.example"],"allow_cidr":["10.0.0.0/8"]}`, sb},
+				{"share port", jsonAnswer(201, preview),
+					func() (any, error) { return c.SharePort(ctx, "web", 8000, false) },
+					"POST", "/v1/sandboxes/web/ports", "", `{"port":8000}`, preview},
+				{"share port public", jsonAnswer(201, public),
+					func() (any, error) { return c.SharePort(ctx, "web", 3000, true) },
+					"POST", "/v1/sandboxes/web/ports", "", `{"port":3000,"public":true}`, public},
+				{"ports", jsonAnswer(200, []*api.Preview{public, preview}),
+					func() (any, error) { return c.Ports(ctx, "web") },
+					"GET", "/v1/sandboxes/web/ports", "", "", []*api.Preview{public, preview}},
+				{"unshare port", nil,
+					func() (any, error) { return nil, c.UnsharePort(ctx, "web", 8000) },
+					"DELETE", "/v1/sandboxes/web/ports/8000", "", "", nil},
 				{"list", jsonAnswer(200, []*api.Sandbox{sb}),
 					func() (any, error) { return c.List(ctx, map[string]string{"b": "2", "a": "1"}) },
 					"GET", "/v1/sandboxes", "label=a%3D1&label=b%3D2", "", []*api.Sandbox{sb}},

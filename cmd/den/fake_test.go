@@ -72,6 +72,12 @@ type fakeDaemon struct {
 	builds    []fakeBuild               // POST images/build requests
 	commits   []api.CommitRequest       // bodies of POST commit
 	netSets   []api.NetworkPolicy       // bodies of PUT network
+	ports     map[string][]*api.Preview // sandbox id → its shared ports
+	tcpConns  int                       // connections to the raw TCP route
+
+	// tcpHost is the same daemon on TCP (tcp://127.0.0.1:N), for commands
+	// whose output depends on the transport.
+	tcpHost string
 }
 
 // fakeBuild is one build request: its query and, for a Dockerfile build,
@@ -116,7 +122,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	f := &fakeDaemon{t: t, dir: dir, sandboxes: map[string]*fakeSandbox{}, images: map[string]*api.Image{}, lastQuery: map[string]string{},
-		sessions: map[string][]*api.Session{}, ttyMsgs: map[string][]string{}, attached: make(chan string, 16)}
+		sessions: map[string][]*api.Session{}, ttyMsgs: map[string][]string{}, attached: make(chan string, 16), ports: map[string][]*api.Preview{}}
 	mux := http.NewServeMux()
 	handle := func(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
@@ -262,6 +268,34 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	handle("POST /v1/images/build", f.buildImage)
 	handle("POST /v1/sandboxes/{id}/commit", f.commit)
 	handle("PUT /v1/sandboxes/{id}/network", f.setNetwork)
+	handle("POST /v1/sandboxes/{id}/ports", f.sharePort)
+	handle("GET /v1/sandboxes/{id}/ports", func(w http.ResponseWriter, r *http.Request) error {
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return writeJSON(w, 200, append([]*api.Preview{}, f.ports[s.sb.ID]...))
+	})
+	handle("DELETE /v1/sandboxes/{id}/ports/{port}", func(w http.ResponseWriter, r *http.Request) error {
+		s, err := f.find(r)
+		if err != nil {
+			return err
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		list := f.ports[s.sb.ID]
+		for i, p := range list {
+			if strconv.Itoa(p.Port) == r.PathValue("port") {
+				f.ports[s.sb.ID] = append(list[:i:i], list[i+1:]...)
+				w.WriteHeader(http.StatusNoContent)
+				return nil
+			}
+		}
+		return api.Errorf(api.KindNotFound, "port %s of sandbox %s is not shared", r.PathValue("port"), s.sb.ID[:12])
+	})
+	handle("GET /v1/sandboxes/{id}/ports/{port}/tcp", f.tcp)
 	handle("GET /v1/images/save", f.saveImages)
 	handle("POST /v1/images/prune", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, 200, map[string]any{"images": []string{"den-cache/0123", "den-cache/4567"}, "layers": 3})
@@ -310,7 +344,74 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	srv.Start()
 	t.Cleanup(srv.Close)
 	f.host = "unix://" + sock
+	tsrv := httptest.NewServer(mux)
+	t.Cleanup(tsrv.Close)
+	f.tcpHost = "tcp://" + tsrv.Listener.Addr().String()
 	return f
+}
+
+// sharePort shares a port as the daemon does; a private one gets the
+// token "tok-PORT".
+func (f *fakeDaemon) sharePort(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	var req api.PortRequest
+	if err := decodeStrict(r, &req); err != nil {
+		return err
+	}
+	if req.Port < 1 || req.Port > 65535 {
+		return api.FieldError("port", "%d is not a TCP port (1-65535)", req.Port)
+	}
+	p := &api.Preview{Port: req.Port, Public: req.Public, Path: "/preview/" + s.sb.ID + "/" + strconv.Itoa(req.Port) + "/"}
+	if !req.Public {
+		p.Token = "tok-" + strconv.Itoa(req.Port)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	list := f.ports[s.sb.ID]
+	for i, o := range list {
+		if o.Port == req.Port {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	f.ports[s.sb.ID] = append(list, p)
+	return writeJSON(w, 201, p)
+}
+
+// tcp is the raw TCP route: every port echoes what it gets, in upper case
+// (so that a test sees the bytes went through), except port 9, where
+// nothing listens.
+func (f *fakeDaemon) tcp(w http.ResponseWriter, r *http.Request) error {
+	s, err := f.find(r)
+	if err != nil {
+		return err
+	}
+	if r.PathValue("port") == "9" {
+		return api.Errorf(api.KindConflict, "nothing answers on port 9 in sandbox %s", s.sb.ID[:12])
+	}
+	c, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return nil
+	}
+	defer c.CloseNow()
+	f.mu.Lock()
+	f.tcpConns++
+	f.mu.Unlock()
+	for {
+		typ, msg, err := c.Read(r.Context())
+		if err != nil {
+			return nil
+		}
+		if typ != websocket.MessageBinary {
+			f.t.Errorf("a %v message on the raw TCP route", typ)
+		}
+		if err := c.Write(r.Context(), websocket.MessageBinary, bytes.ToUpper(msg)); err != nil {
+			return nil
+		}
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

@@ -50,6 +50,7 @@ func init() {
 		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
 		verbCommit,
 		verbNet, verbNetSet, verbNetShow, verbNetLog,
+		verbPort, verbPortLs, verbPortRm, verbForward,
 		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
 		verbEvents, verbVersion, verbBench, verbServe, verbHelp,
 	}
@@ -187,6 +188,9 @@ func kindHint(v *verb, e *api.Error) string {
 		}
 		if name == "sessions rm" && strings.Contains(strings.ToLower(e.Message), "session") {
 			return "run `den sessions ID` to see the sandbox's sessions"
+		}
+		if name == "port rm" && strings.Contains(strings.ToLower(e.Message), "not shared") {
+			return "run `den port ls ID` to see the shared ports"
 		}
 		return "run `den ls` to see sandboxes"
 	case api.KindUnauthorized:
