@@ -104,9 +104,10 @@ func (h dnsHandler) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	src := addrPortOf(w.RemoteAddr())
 	ev := Event{Time: start, Kind: KindDNS, SrcPort: int(src.Port())}
 	m := new(dns.Msg)
+	var x *session
 	finish := func(verdict, reason string) {
 		ev.Verdict, ev.Reason, ev.Duration = verdict, reason, time.Since(start)
-		s.emit(ev)
+		s.emitFor(x, ev)
 	}
 	refuse := func(reason string) {
 		m.SetRcode(r, dns.RcodeRefused)
@@ -129,6 +130,7 @@ func (h dnsHandler) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		return
 	}
 	ev.Sandbox = id
+	x = &session{id: id, pol: pol, attr: s.attribute(id, src)}
 	q := r.Question[0]
 	if q.Qclass != dns.ClassINET {
 		refuse("query class " + dns.ClassToString[q.Qclass] + " refused")

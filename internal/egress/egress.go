@@ -9,12 +9,17 @@
 // to private, host or metadata addresses), and an explicit HTTP proxy
 // (CONNECT and absolute-URI requests) that applies the same checks; every
 // DNS query and every connection, allowed or denied, is reported as an Event
-// with its sandbox, name, address, byte counts and reason, and connections
-// are bounded per sandbox in number and rate.
+// with its sandbox, name, address, byte counts and reason (and, with
+// Config.Attribute, the process behind it), and connections are bounded per
+// sandbox in number, rate and total bytes sent. A policy's secret headers
+// are set on the sandbox's HTTPS requests to their hosts by terminating
+// TLS with a certificate from the sandbox's own CA, so the secrets never
+// enter the sandbox.
 package egress
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/netip"
@@ -61,7 +66,8 @@ type Config struct {
 	// (transparent and explicit together); default 512.
 	MaxConnsPerSandbox int
 	// ConnRate bounds a sandbox's new connections per second (token bucket,
-	// burst max(1, ConnRate)); 0 = unlimited.
+	// burst max(1, ConnRate)); 0 = unlimited. A Policy.ConnRate > 0
+	// overrides it for its sandbox.
 	ConnRate float64
 	// PeekTimeout bounds reading a TLS ClientHello, an HTTP request head
 	// or, in the explicit proxy, a request head; default 5 s.
@@ -82,6 +88,26 @@ type Config struct {
 	IdleTimeout time.Duration
 	// MaxNameLen bounds the names the DNS server answers; default 253.
 	MaxNameLen int
+
+	// CA returns the sandbox's own certificate authority (certificate and
+	// private key, a crypto.Signer), which the daemon made and installed
+	// in the sandbox's trust store. It signs the certificates (ECDSA P-256,
+	// valid 24 h, for exactly the host name; cached per sandbox and name)
+	// with which the proxy terminates the sandbox's TLS connections to a
+	// host that has secret headers (Policy.Secrets). Without it such
+	// connections are denied.
+	CA func(sandbox string) (*tls.Certificate, error)
+	// UpstreamTLS configures the proxy's TLS connections to hosts with
+	// secret headers (RootCAs, …); nil = the system roots. ServerName is
+	// always the host, ALPN http/1.1, and verification is always on.
+	UpstreamTLS *tls.Config
+	// Attribute names the process behind a connection or DNS query from
+	// sandbox at src (the sandbox-side address and port), for
+	// Event.Process. It is called, in its own goroutine, when the
+	// connection or query is accepted (while the sandbox's socket still
+	// exists); an Event waits for it at most 50 ms more, else goes
+	// without it. Optional.
+	Attribute func(sandbox string, src netip.AddrPort) string
 }
 
 // Event is one audit record: a DNS query or a connection.
@@ -93,12 +119,13 @@ type Event struct {
 	QType    string        // DNS query type ("A", "AAAA", "TXT", …); "" for connections
 	Addr     string        // connection: address dialed (or the original destination when denied); DNS: answers, comma-separated
 	Port     int           // destination port
-	BytesOut int64         // sandbox → upstream
-	BytesIn  int64         // upstream → sandbox
+	BytesOut int64         // sandbox → upstream (for an intercepted TLS connection: the HTTP bytes sent upstream, before encryption)
+	BytesIn  int64         // upstream → sandbox (intercepted: the HTTP bytes sent to the sandbox, before encryption)
 	Verdict  string        // "allow" or "deny"
 	Reason   string        // why
 	Duration time.Duration // how long the query or connection lasted
 	SrcPort  int           // the sandbox-side source port (to attribute the connection to a process)
+	Process  string        // the process behind it, from Config.Attribute; "" when unknown
 }
 
 // Kinds and verdicts of Events.
@@ -126,6 +153,11 @@ type Server struct {
 	wg        sync.WaitGroup
 
 	lim *limiter
+
+	bytesMu sync.Mutex
+	bytes   map[string]*byteCount // egress bytes per sandbox
+
+	certs certCache
 
 	events  chan Event
 	logDone chan struct{}
@@ -175,6 +207,7 @@ func New(cfg Config) *Server {
 		conns:     map[net.Conn]struct{}{},
 		dnsSrv:    map[*dns.Server]struct{}{},
 		lim:       newLimiter(cfg.MaxConnsPerSandbox, cfg.ConnRate),
+		bytes:     map[string]*byteCount{},
 	}
 	if cfg.Log != nil {
 		s.events = make(chan Event, eventQueue)
@@ -288,6 +321,72 @@ func (s *Server) emit(e Event) {
 	case <-t.C:
 		s.dropped.Add(1)
 	}
+}
+
+// attributeWait bounds how long an Event waits for Config.Attribute.
+const attributeWait = 50 * time.Millisecond
+
+// attribution is a Config.Attribute call in progress.
+type attribution struct {
+	done   chan struct{}
+	proc   string      // set before done is closed
+	waited atomic.Bool // an Event already waited for it in vain
+}
+
+// attribute starts Config.Attribute for a connection or query of sandbox
+// id from src; nil without Attribute.
+func (s *Server) attribute(id string, src netip.AddrPort) *attribution {
+	if s.cfg.Attribute == nil || id == "" {
+		return nil
+	}
+	a := &attribution{done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.proc = s.cfg.Attribute(id, src)
+	}()
+	return a
+}
+
+// result is the attribution, waiting for it at most attributeWait (once
+// per connection: later Events of a connection whose attribution timed
+// out do not wait again).
+func (a *attribution) result() string {
+	if a == nil {
+		return ""
+	}
+	select {
+	case <-a.done:
+		return a.proc
+	default:
+	}
+	if a.waited.Load() {
+		return ""
+	}
+	t := time.NewTimer(attributeWait)
+	defer t.Stop()
+	select {
+	case <-a.done:
+		return a.proc
+	case <-t.C:
+		a.waited.Store(true)
+		return ""
+	}
+}
+
+// session is what a proxied connection knows of its sandbox.
+type session struct {
+	id   string
+	pol  Policy
+	attr *attribution
+	m    *meter
+}
+
+// emitFor emits ev with the session's attribution.
+func (s *Server) emitFor(x *session, ev Event) {
+	if x != nil {
+		ev.Process = x.attr.result()
+	}
+	s.emit(ev)
 }
 
 // lookup finds the sandbox behind src.

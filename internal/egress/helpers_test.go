@@ -174,6 +174,16 @@ func newHarness(t testing.TB, pol Policy, mod func(*Config)) *harness {
 	go func() { done <- h.srv.ServeTransparent(h.tproxy) }()
 	go func() { done <- h.srv.ServeProxy(h.eproxy) }()
 	go func() { done <- h.srv.ServeDNS(h.dnsUDP, h.dnsTCP) }()
+	// Wait for the Serve methods to register their sockets: a Close
+	// before that would make them return ErrServerClosed.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		h.srv.mu.Lock()
+		n := len(h.srv.listeners) + len(h.srv.packets)
+		h.srv.mu.Unlock()
+		if n == 4 || time.Now().After(deadline) {
+			break
+		}
+	}
 	t.Cleanup(func() {
 		h.srv.Close()
 		for range 3 {

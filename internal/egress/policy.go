@@ -3,6 +3,8 @@ package egress
 import (
 	"errors"
 	"fmt"
+	"math"
+	"net/http"
 	"net/netip"
 	"strings"
 )
@@ -30,6 +32,55 @@ type Policy struct {
 	// AllowCIDR lists addresses reachable without a name, and is the only way
 	// to reach the blocked ranges (private, loopback, link-local, metadata…).
 	AllowCIDR []netip.Prefix
+	// ConnRate bounds this sandbox's new connections per second (token
+	// bucket, burst max(1, ConnRate)); when > 0 it overrides
+	// Config.ConnRate, 0 = Config.ConnRate applies.
+	ConnRate float64
+	// MaxEgressBytes bounds the bytes (sandbox → upstream, in total) the
+	// Server relays for this sandbox over its life (see
+	// Server.EgressBytes); 0 = unlimited. Once reached, new connections
+	// are denied ("egress byte limit reached (N bytes)") and connections
+	// in progress are cut at the limit.
+	MaxEgressBytes int64
+	// Secrets are headers set on the sandbox's HTTPS requests to a host by
+	// intercepting its TLS connections (see SecretHeader), so the secret
+	// values never enter the sandbox.
+	Secrets []SecretHeader
+}
+
+// SecretHeader is a header the proxy sets on every HTTP request a sandbox
+// sends over TLS to Host, replacing any copy of it the sandbox sent. The
+// proxy terminates the sandbox's TLS connection to Host with a certificate
+// from the sandbox's own CA (Config.CA) and forwards each request to Host's
+// checked address over verified TLS. Plain-HTTP requests to Host are
+// relayed unchanged, without the secret. The proxy also replaces the value
+// with "[den: secret]" in the response headers and status line of
+// intercepted requests (a best effort: a response body, or an encoded
+// form, that echoes the value reaches the sandbox).
+//
+// String and GoString hide the value, so printing a Policy with fmt does
+// not disclose it.
+type SecretHeader struct {
+	// Host is the exact host name (no wildcard; case-insensitive, a
+	// trailing dot ignored) whose requests get the header.
+	Host string
+	// Header is the header's name, used in canonical form
+	// ("authorization" → "Authorization"): token characters only, and
+	// not one that frames or routes the message (Host, Content-Length,
+	// Transfer-Encoding, Connection and the other hop-by-hop headers).
+	Header string
+	// Value is the secret.
+	Value string
+}
+
+// String describes h without its value.
+func (h SecretHeader) String() string {
+	return "secret header " + h.Header + " for " + h.Host + " (value hidden)"
+}
+
+// GoString describes h without its value.
+func (h SecretHeader) GoString() string {
+	return fmt.Sprintf("egress.SecretHeader{Host:%q, Header:%q, Value:\"[hidden]\"}", h.Host, h.Header)
 }
 
 // Validate reports the first bad mode, rule or prefix of p.
@@ -57,7 +108,88 @@ func (p Policy) Validate() error {
 			return fmt.Errorf("egress policy: allow-cidr %q: zones are not allowed", c.String())
 		}
 	}
+	if p.ConnRate < 0 || math.IsNaN(p.ConnRate) || math.IsInf(p.ConnRate, 0) {
+		return fmt.Errorf("egress policy: connection rate %v: want a finite number ≥ 0", p.ConnRate)
+	}
+	if p.MaxEgressBytes < 0 {
+		return fmt.Errorf("egress policy: max egress bytes %d: want ≥ 0", p.MaxEgressBytes)
+	}
+	seen := map[[2]string]bool{}
+	for _, h := range p.Secrets {
+		// Never put the value in an error.
+		if err := validateSecretHost(h.Host); err != nil {
+			return fmt.Errorf("egress policy: secret header %q for %q: host: %w", h.Header, h.Host, err)
+		}
+		if err := validateSecretHeader(h.Header); err != nil {
+			return fmt.Errorf("egress policy: secret header %q for %q: %w", h.Header, h.Host, err)
+		}
+		if h.Value == "" {
+			return fmt.Errorf("egress policy: secret header %q for %q: empty value", h.Header, h.Host)
+		}
+		for i := 0; i < len(h.Value); i++ {
+			if c := h.Value[i]; c < 0x20 && c != '\t' || c == 0x7f {
+				return fmt.Errorf("egress policy: secret header %q for %q: control character in the value", h.Header, h.Host)
+			}
+		}
+		k := [2]string{strings.ToLower(strings.TrimSuffix(h.Host, ".")), http.CanonicalHeaderKey(h.Header)}
+		if seen[k] {
+			return fmt.Errorf("egress policy: secret header %q for %q given twice", h.Header, h.Host)
+		}
+		seen[k] = true
+	}
 	return nil
+}
+
+// validateSecretHost checks a SecretHeader's Host: an exact name.
+func validateSecretHost(h string) error {
+	if strings.HasPrefix(h, "*") {
+		return errors.New("a wildcard: secret headers need an exact name")
+	}
+	return validateRule(h)
+}
+
+// secretForbidden are the headers a SecretHeader may not set: they frame
+// or route the message, or are hop-by-hop (and removed in transit).
+var secretForbidden = append([]string{"Host", "Content-Length"}, hopHeaders...)
+
+// validateSecretHeader checks a SecretHeader's Header name.
+func validateSecretHeader(name string) error {
+	if name == "" {
+		return errors.New("empty header name")
+	}
+	for i := 0; i < len(name); i++ {
+		if !isTokenChar(name[i]) {
+			return fmt.Errorf("invalid character %q in the header name", name[i])
+		}
+	}
+	for _, f := range secretForbidden {
+		if strings.EqualFold(name, f) {
+			return fmt.Errorf("header %s cannot be a secret header", f)
+		}
+	}
+	return nil
+}
+
+// isTokenChar reports whether c is a tchar of RFC 9110.
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// secretsFor returns the secret headers for the normalized name, with
+// canonical header names.
+func (p Policy) secretsFor(name string) []SecretHeader {
+	var out []SecretHeader
+	for _, h := range p.Secrets {
+		if h.Value != "" && strings.EqualFold(strings.TrimSuffix(h.Host, "."), name) {
+			h.Header = http.CanonicalHeaderKey(h.Header)
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // validateRule checks the syntax of one Allow or Deny entry.

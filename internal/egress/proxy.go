@@ -26,8 +26,11 @@ const maxRequestHead = 64 << 10
 // IPv4-mapped) is judged as an address, a name by AllowName and by the
 // addresses it resolves to, and only a checked address is dialed.
 // Userinfo ('@') or '%' in the host is refused. Refusals get a 403 (429 for
-// limits) whose body names the reason. It returns nil after Close, and
-// ErrServerClosed when called after Close.
+// limits) whose body names the reason. A CONNECT tunnel to a name with
+// secret headers (Policy.Secrets) whose client speaks TLS (for that name or
+// without SNI) is intercepted: see SecretHeader; other tunnels and
+// absolute-URI requests to such a name are relayed without the secrets.
+// It returns nil after Close, and ErrServerClosed when called after Close.
 func (s *Server) ServeProxy(ln net.Listener) error {
 	return s.serve(ln, s.handleProxy)
 }
@@ -67,9 +70,10 @@ func (c *countWriter) Write(p []byte) (int, error) {
 func (s *Server) handleProxy(c net.Conn) {
 	src := addrPortOf(c.RemoteAddr())
 	base := Event{Kind: KindConnect, SrcPort: int(src.Port())}
+	var x *session
 	deny := func(ev Event, code int, reason string) {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(ev.Time)
-		s.emit(ev)
+		s.emitFor(x, ev)
 		writeRefusal(c, code, reason)
 	}
 	id, pol, ok := s.lookup(src.Addr())
@@ -80,7 +84,17 @@ func (s *Server) handleProxy(c net.Conn) {
 		return
 	}
 	base.Sandbox = id
-	if ok, why := s.lim.acquire(id); !ok {
+	x = &session{id: id, pol: pol, attr: s.attribute(id, src)}
+	m, why := s.openMeter(id, pol.MaxEgressBytes)
+	defer s.closeMeter(m)
+	x.m = m
+	if why != "" {
+		ev := base
+		ev.Time = time.Now()
+		deny(ev, http.StatusTooManyRequests, why)
+		return
+	}
+	if ok, why := s.lim.acquire(id, pol.ConnRate); !ok {
 		ev := base
 		ev.Time = time.Now()
 		deny(ev, http.StatusTooManyRequests, why)
@@ -121,15 +135,19 @@ func (s *Server) handleProxy(c net.Conn) {
 		}
 		lr.n = 1<<62 - 1
 		c.SetReadDeadline(time.Time{})
-		if n > 0 && !s.lim.token(id) {
+		if n > 0 && !s.lim.token(id, pol.ConnRate) {
 			deny(ev, http.StatusTooManyRequests, "rate limit")
 			return
 		}
-		if req.Method == http.MethodConnect {
-			s.proxyConnect(c, br, req, pol, ev)
+		if m.exhausted() {
+			deny(ev, http.StatusTooManyRequests, byteLimitReason(m.limit))
 			return
 		}
-		if !s.proxyForward(c, req, pol, ev) {
+		if req.Method == http.MethodConnect {
+			s.proxyConnect(x, c, br, req, ev)
+			return
+		}
+		if !s.proxyForward(x, c, req, ev) {
 			return
 		}
 	}
@@ -220,10 +238,10 @@ func (s *Server) target(pol Policy, host string, port int, ev *Event) (netip.Add
 	return ap, why, true
 }
 
-func (s *Server) proxyConnect(c net.Conn, br *bufio.Reader, req *http.Request, pol Policy, ev Event) {
+func (s *Server) proxyConnect(x *session, c net.Conn, br *bufio.Reader, req *http.Request, ev Event) {
 	deny := func(code int, reason string) {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(ev.Time)
-		s.emit(ev)
+		s.emitFor(x, ev)
 		writeRefusal(c, code, reason)
 	}
 	host, port, err := splitTarget(req.RequestURI, 0)
@@ -232,35 +250,85 @@ func (s *Server) proxyConnect(c net.Conn, br *bufio.Reader, req *http.Request, p
 		deny(http.StatusForbidden, "bad CONNECT target "+quoteShort(req.RequestURI)+": "+err.Error())
 		return
 	}
-	ap, why, ok := s.target(pol, host, port, &ev)
+	ap, why, ok := s.target(x.pol, host, port, &ev)
 	if !ok {
 		deny(http.StatusForbidden, why)
 		return
 	}
+	var secrets []SecretHeader
+	if _, isIP := ParseIP(host); !isIP {
+		secrets = x.pol.secretsFor(ev.Name)
+	}
 	up, err := s.dialChecked(ap)
 	if err != nil {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; upstream: "+err.Error(), time.Since(ev.Time)
-		s.emit(ev)
+		s.emitFor(x, ev)
 		writeRefusal(c, http.StatusBadGateway, "upstream: "+err.Error())
 		return
 	}
 	defer s.untrack(up)
+	end := func(reason string, out, in int64) {
+		ev.Verdict, ev.Reason, ev.BytesOut, ev.BytesIn, ev.Duration = VerdictAllow, reason, out, in, time.Since(ev.Time)
+		s.emitFor(x, ev)
+	}
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		up.Close()
-		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; client gone", time.Since(ev.Time)
-		s.emit(ev)
+		end(why+"; client gone", 0, 0)
 		return
 	}
 	// Bytes the client sent after the request head go first.
 	var pre []byte
-	if n := br.Buffered(); n > 0 {
+	if len(secrets) > 0 {
+		// A host with secret headers: is the tunnel TLS for that name?
+		p, kind, sni, perr := s.peek(&readerConn{Conn: c, r: br}, false)
+		pre = p
+		if n := br.Buffered(); n > 0 {
+			b, _ := br.Peek(n)
+			pre = append(pre, b...)
+		}
+		sniName, _ := NormalizeName(sni)
+		switch {
+		case perr != nil && errors.Is(perr, io.EOF):
+			up.Close()
+			end(why+"; client closed before sending a request", 0, 0)
+			return
+		case kind == sniffTLS && perr == nil && (sni == "" || sniName == ev.Name):
+			leaf, err := s.leafCert(x.id, ev.Name)
+			if err != nil {
+				up.Close()
+				ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, "cannot intercept TLS for "+secretNames(secrets)+": "+err.Error(), time.Since(ev.Time)
+				s.emitFor(x, ev)
+				return
+			}
+			out, in, note := s.intercept(x, c, pre, up, ap, ev.Name, secrets, leaf)
+			end(why+note, out, in)
+			return
+		case kind == sniffTLS && perr == nil:
+			why += "; " + notInjected(secrets, "TLS server name "+quoteShort(sni)+" differs from the CONNECT host")
+		case kind == sniffHTTP:
+			why += "; " + notInjected(secrets, "plain HTTP, the secret would cross in clear")
+		default:
+			why += "; " + notInjected(secrets, "not a TLS connection")
+		}
+	} else if n := br.Buffered(); n > 0 {
 		pre, _ = br.Peek(n)
 		pre = append([]byte(nil), pre...)
 	}
-	out, in := s.relay(c, up, pre)
-	ev.Verdict, ev.Reason, ev.BytesOut, ev.BytesIn, ev.Duration = VerdictAllow, why, out, in, time.Since(ev.Time)
-	s.emit(ev)
+	out, in, limited := s.relay(c, up, pre, x.m)
+	if limited {
+		why += "; " + byteLimitReason(x.m.limit)
+	}
+	end(why, out, in)
 }
+
+// readerConn is a net.Conn whose reads come from r (a buffered reader of
+// the connection).
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // hopHeaders are removed from forwarded requests and responses, with every
 // header the Connection header names.
@@ -282,10 +350,11 @@ func stripHop(h http.Header) {
 
 // proxyForward forwards one absolute-URI request; false means the client
 // connection must close.
-func (s *Server) proxyForward(c net.Conn, req *http.Request, pol Policy, ev Event) bool {
+func (s *Server) proxyForward(x *session, c net.Conn, req *http.Request, ev Event) bool {
+	pol := x.pol
 	deny := func(code int, reason string) bool {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(ev.Time)
-		s.emit(ev)
+		s.emitFor(x, ev)
 		writeRefusal(c, code, reason)
 		return false
 	}
@@ -311,10 +380,15 @@ func (s *Server) proxyForward(c net.Conn, req *http.Request, pol Policy, ev Even
 	if !ok {
 		return deny(http.StatusForbidden, why)
 	}
+	if _, isIP := ParseIP(host); !isIP {
+		if secrets := pol.secretsFor(ev.Name); len(secrets) > 0 {
+			why += "; " + notInjected(secrets, "plain HTTP, the secret would cross in clear")
+		}
+	}
 	up, err := s.dialChecked(ap)
 	if err != nil {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; upstream: "+err.Error(), time.Since(ev.Time)
-		s.emit(ev)
+		s.emitFor(x, ev)
 		writeRefusal(c, http.StatusBadGateway, "upstream: "+err.Error())
 		return false
 	}
@@ -331,7 +405,7 @@ func (s *Server) proxyForward(c net.Conn, req *http.Request, pol Policy, ev Even
 	if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""} // keep Go's default out
 	}
-	upW := &countWriter{w: up}
+	upW := &meteredWriter{w: up, m: x.m}
 	werr := make(chan error, 1)
 	go func() {
 		err := req.Write(upW)
@@ -339,19 +413,33 @@ func (s *Server) proxyForward(c net.Conn, req *http.Request, pol Policy, ev Even
 			// Drain what the client may still send of the body.
 			_, err = io.Copy(io.Discard, req.Body)
 		}
+		if errors.Is(err, errByteLimit) {
+			up.Close() // the upstream would wait for the rest of the body
+		}
 		werr <- err
 	}()
 	cw := &countWriter{w: c}
+	var wErr error
+	wDone := false
+	waitWriter := func() error {
+		if !wDone {
+			wErr, wDone = <-werr, true
+		}
+		return wErr
+	}
 	finish := func(reason string, keep bool) bool {
 		// The response is complete: a body still being sent is cut off,
 		// which closes the client connection too.
 		up.Close()
-		err := <-werr
+		err := waitWriter()
 		if err != nil {
 			keep = false
 		}
+		if errors.Is(err, errByteLimit) {
+			reason += "; " + byteLimitReason(x.m.limit)
+		}
 		ev.Verdict, ev.Reason, ev.BytesOut, ev.BytesIn, ev.Duration = VerdictAllow, reason, upW.n, cw.n, time.Since(ev.Time)
-		s.emit(ev)
+		s.emitFor(x, ev)
 		return keep
 	}
 	ur := bufio.NewReader(up)
@@ -360,6 +448,10 @@ func (s *Server) proxyForward(c net.Conn, req *http.Request, pol Policy, ev Even
 		resp, err = http.ReadResponse(ur, req)
 		if err != nil {
 			up.Close() // unblocks the writer
+			if errors.Is(waitWriter(), errByteLimit) {
+				writeRefusal(c, http.StatusTooManyRequests, byteLimitReason(x.m.limit))
+				return finish(why, false)
+			}
 			writeRefusal(c, http.StatusBadGateway, "upstream: "+err.Error())
 			return finish(why+"; upstream: "+err.Error(), false)
 		}

@@ -16,8 +16,11 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 // ended, first sending pre (bytes already read from the client) upstream.
 // A direction that ends cleanly half-closes its destination; an error in
 // either direction ends both. out counts client → upstream bytes including
-// pre, in upstream → client.
-func (s *Server) relay(client, up net.Conn, pre []byte) (out, in int64) {
+// pre, in upstream → client. The client → upstream bytes are accounted to
+// m: added at the end without a limit (the copy keeps the splice fast
+// path), reserved chunk by chunk with one, the connection ending at the
+// limit (limited is then true).
+func (s *Server) relay(client, up net.Conn, pre []byte, m *meter) (out, in int64, limited bool) {
 	var src [2]io.Reader
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
@@ -46,16 +49,35 @@ func (s *Server) relay(client, up net.Conn, pre []byte) (out, in int64) {
 		}
 		closeWrite(client)
 	}()
+	defer func() {
+		if !m.limited() {
+			m.add(out)
+		}
+	}()
 	if len(pre) > 0 {
-		n, err := up.Write(pre)
+		p := pre
+		if m.limited() {
+			p = pre[:m.reserve(int64(len(pre)))]
+		}
+		n, err := up.Write(p)
 		out += int64(n)
+		if err == nil && len(p) < len(pre) {
+			err, limited = errByteLimit, true
+		}
 		if err != nil {
 			abort()
 			wg.Wait()
-			return out, in
+			return out, in, limited
 		}
 	}
-	n, err := copyBuf(up, src[0])
+	var n int64
+	var err error
+	if m.limited() {
+		n, err = copyMetered(up, src[0], m)
+		limited = err == errByteLimit
+	} else {
+		n, err = copyBuf(up, src[0])
+	}
 	out += n
 	if err != nil {
 		abort()
@@ -64,7 +86,7 @@ func (s *Server) relay(client, up net.Conn, pre []byte) (out, in int64) {
 	}
 	wg.Wait()
 	abort()
-	return out, in
+	return out, in, limited
 }
 
 func copyBuf(dst io.Writer, src io.Reader) (int64, error) {

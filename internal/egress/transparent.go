@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -24,8 +25,11 @@ import (
 //
 // The original destination may never be the host itself (the proxy, the
 // bridge, any host interface address) or Config.Deny. Denied connections
-// are closed. Every connection is logged once, when it ends. It returns
-// nil after Close, and ErrServerClosed when called after Close.
+// are closed. A TLS connection (SNI present, any port) to a name with
+// secret headers (Policy.Secrets) is intercepted: see SecretHeader; a
+// plain-HTTP one is relayed unchanged, without the secrets. Every
+// connection is logged once, when it ends. It returns nil after Close, and
+// ErrServerClosed when called after Close.
 func (s *Server) ServeTransparent(ln net.Listener) error {
 	return s.serve(ln, s.handleTransparent)
 }
@@ -34,9 +38,10 @@ func (s *Server) handleTransparent(c net.Conn) {
 	start := time.Now()
 	src := addrPortOf(c.RemoteAddr())
 	ev := Event{Time: start, Kind: KindConnect, SrcPort: int(src.Port())}
+	var x *session
 	deny := func(reason string) {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(start)
-		s.emit(ev)
+		s.emitFor(x, ev)
 	}
 	dst, err := s.cfg.OriginalDst(c)
 	if err != nil {
@@ -51,7 +56,15 @@ func (s *Server) handleTransparent(c net.Conn) {
 		return
 	}
 	ev.Sandbox = id
-	if ok, why := s.lim.acquire(id); !ok {
+	x = &session{id: id, pol: pol, attr: s.attribute(id, src)}
+	m, why := s.openMeter(id, pol.MaxEgressBytes)
+	defer s.closeMeter(m)
+	x.m = m
+	if why != "" {
+		deny(why)
+		return
+	}
+	if ok, why := s.lim.acquire(id, pol.ConnRate); !ok {
 		deny(why)
 		return
 	}
@@ -66,7 +79,7 @@ func (s *Server) handleTransparent(c net.Conn) {
 	}
 	rawOK, rawWhy := s.judgeAddr(pol, dst.Addr(), false)
 
-	pre, name, serr := s.peek(c, rawOK)
+	pre, kind, name, serr := s.peek(c, rawOK)
 	if serr != nil && errors.Is(serr, io.EOF) {
 		deny("client closed before sending a request")
 		return
@@ -74,6 +87,7 @@ func (s *Server) handleTransparent(c net.Conn) {
 	ev.Name = name
 	target := dst
 	reason := rawWhy
+	var secrets []SecretHeader
 	if name != "" {
 		if _, isIP := ParseIP(name); isIP {
 			// An address in place of a name: only the raw rules apply.
@@ -95,6 +109,7 @@ func (s *Server) handleTransparent(c net.Conn) {
 			if target.Addr() != dst.Addr() {
 				reason += "; dialed " + target.Addr().String() + " (checked) instead of " + dst.Addr().String()
 			}
+			secrets = pol.secretsFor(n)
 		}
 	} else if !rawOK {
 		if serr != nil {
@@ -104,17 +119,39 @@ func (s *Server) handleTransparent(c net.Conn) {
 		}
 		return
 	}
+	var leaf *tls.Certificate
+	if len(secrets) > 0 {
+		if kind == sniffTLS {
+			if leaf, err = s.leafCert(id, ev.Name); err != nil {
+				deny("cannot intercept TLS for " + secretNames(secrets) + ": " + err.Error())
+				return
+			}
+		} else {
+			reason += "; " + notInjected(secrets, "plain HTTP, the secret would cross in clear")
+		}
+	}
 	ev.Addr = target.Addr().String()
 	up, err := s.dialChecked(target)
 	if err != nil {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, reason+"; upstream: "+err.Error(), time.Since(start)
-		s.emit(ev)
+		s.emitFor(x, ev)
 		return
 	}
 	defer s.untrack(up)
-	out, in := s.relay(c, up, pre)
+	var out, in int64
+	if leaf != nil {
+		var note string
+		out, in, note = s.intercept(x, c, pre, up, target, ev.Name, secrets, leaf)
+		reason += note
+	} else {
+		var limited bool
+		out, in, limited = s.relay(c, up, pre, m)
+		if limited {
+			reason += "; " + byteLimitReason(m.limit)
+		}
+	}
 	ev.Verdict, ev.Reason, ev.BytesOut, ev.BytesIn, ev.Duration = VerdictAllow, reason, out, in, time.Since(start)
-	s.emit(ev)
+	s.emitFor(x, ev)
 }
 
 // errNoData means the client sent nothing within the wait.
@@ -124,8 +161,9 @@ var errNoData = errors.New("client sent nothing")
 // 16 KiB are read, or the deadline passes. When the address is allowed
 // without a name (rawOK), it waits only ServerFirstWait for the first
 // bytes, for protocols in which the server speaks first. err (not EOF)
-// explains why no name was found; the bytes read are always returned.
-func (s *Server) peek(c net.Conn, rawOK bool) (pre []byte, name string, err error) {
+// explains why no name was found; the bytes read are always returned, with
+// the kind of protocol they start.
+func (s *Server) peek(c net.Conn, rawOK bool) (pre []byte, kind sniffKind, name string, err error) {
 	start := time.Now()
 	deadline := start.Add(s.cfg.PeekTimeout)
 	first := deadline
@@ -138,7 +176,7 @@ func (s *Server) peek(c net.Conn, rawOK bool) (pre []byte, name string, err erro
 	for {
 		if len(buf) == cap(buf) {
 			if cap(buf) >= maxPeek {
-				return buf, "", errors.New("no name in the first 16 KiB")
+				return buf, kind, "", errors.New("no name in the first 16 KiB")
 			}
 			nb := make([]byte, len(buf), min(maxPeek, 4*cap(buf)))
 			copy(nb, buf)
@@ -150,22 +188,23 @@ func (s *Server) peek(c net.Conn, rawOK bool) (pre []byte, name string, err erro
 			if len(buf) == n {
 				c.SetReadDeadline(deadline)
 			}
-			_, nm, serr := sniff(buf)
+			k, nm, serr := sniff(buf)
+			kind = k
 			if serr == nil {
-				return buf, nm, nil
+				return buf, kind, nm, nil
 			}
 			if serr != errNeedMore {
-				return buf, "", serr
+				return buf, kind, "", serr
 			}
 		}
 		if rerr != nil {
 			switch {
 			case errors.Is(rerr, os.ErrDeadlineExceeded) && len(buf) == 0:
-				return buf, "", errNoData
+				return buf, kind, "", errNoData
 			case errors.Is(rerr, os.ErrDeadlineExceeded):
-				return buf, "", errors.New("timed out reading the request")
+				return buf, kind, "", errors.New("timed out reading the request")
 			default: // EOF, reset: nothing to proxy
-				return buf, "", io.EOF
+				return buf, kind, "", io.EOF
 			}
 		}
 	}
