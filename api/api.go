@@ -320,6 +320,24 @@ type NetworkPolicy struct {
 	Allow     []string `json:"allow,omitempty"` // "example.com", "*.example.com"
 	Deny      []string `json:"deny,omitempty"`
 	AllowCIDR []string `json:"allow_cidr,omitempty"`
+	// Limits, per sandbox: new connections per second, total bytes sent
+	// out over the sandbox's life, and bandwidth each way (bytes/second).
+	ConnRate  float64 `json:"conn_rate,omitempty"`
+	MaxEgress Size    `json:"max_egress,omitempty"`
+	Bandwidth Size    `json:"bandwidth,omitempty"`
+	// SecretHeaders are added by den's proxy to HTTPS requests for their
+	// host; the value never enters the sandbox.
+	SecretHeaders []SecretHeader `json:"secret_headers,omitempty"`
+}
+
+// SecretHeader is a header den's proxy sets on requests to Host. Value
+// may refer to secrets as ${NAME}: from den's secret store (den secret
+// set NAME) or else the daemon's environment; it is stored as written and
+// expanded only inside the proxy.
+type SecretHeader struct {
+	Host   string `json:"host"`
+	Header string `json:"header"`
+	Value  string `json:"value"`
 }
 
 // PortRequest is the body of POST /v1/sandboxes/{id}/ports.

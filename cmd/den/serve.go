@@ -248,7 +248,10 @@ func loadToken(path string) (string, error) {
 func startEgress(nw *linux.Network, m *sandbox.Manager) (*egress.Server, error) {
 	tp, dnsPort, hp := nw.Ports()
 	gw := nw.Gateway().String()
-	eg := egress.New(egress.Config{Sandbox: m.SandboxForAddr, Log: m.NetEvent, Deny: []netip.Prefix{nw.Subnet()}})
+	eg := egress.New(egress.Config{
+		Sandbox: m.SandboxForAddr, Log: m.NetEvent, Deny: []netip.Prefix{nw.Subnet()},
+		CA: m.SandboxCA, Attribute: m.Attribute,
+	})
 	listen := func(port int) (net.Listener, error) {
 		return net.Listen("tcp4", net.JoinHostPort(gw, strconv.Itoa(port)))
 	}

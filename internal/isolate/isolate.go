@@ -32,6 +32,8 @@ type Spec struct {
 	// goes through den's egress proxy; without it the box has loopback only.
 	Net     bool
 	NetSlot int
+	// NetBandwidth limits the network each way, bytes/second (0: none).
+	NetBandwidth int64
 }
 
 // Overlay is one copy-on-write mount of the root filesystem.
@@ -92,6 +94,7 @@ type Statser interface {
 type Networker interface {
 	AttachNet() (addr string, err error)
 	DetachNet() error
+	SetBandwidth(bytesPerSecond int64) error
 }
 
 // Dialer is the optional ability to open a TCP connection to a port inside

@@ -400,7 +400,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	if req.Network != nil {
-		if _, err := toPolicy(*req.Network); err != nil {
+		if _, err := m.policyFor(ctx, *req.Network); err != nil {
 			return nil, err
 		}
 		if networked(*req.Network) && m.cfg.Egress == nil {
@@ -452,7 +452,8 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),
 		Layers: layers, UIDBase: rec.UIDBase,
 		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536,
-		Limits: isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids},
+		NetBandwidth: int64(rec.Network.Bandwidth),
+		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids},
 	}, nil
 }
 
@@ -473,7 +474,7 @@ func (m *Manager) boot(ctx context.Context, rec *record) error {
 		if a, err := m.cfg.Egress.SlotAddr(spec.NetSlot); err == nil {
 			rec.Address = a.String()
 		}
-		if err := m.netReady(ctx, b); err != nil {
+		if err := m.netReady(ctx, rec.ID, rec.Network, b); err != nil {
 			b.Stop(context.Background())
 			return fmt.Errorf("sandbox network: %w", err)
 		}

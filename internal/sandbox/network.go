@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/netip"
 
 	"github.com/den-dev/den/api"
@@ -20,9 +21,19 @@ type Egress struct {
 	SlotAddr func(int) (netip.Addr, error)
 }
 
-// toPolicy converts and validates an API policy.
+// toPolicy converts and validates an API policy; secret references are
+// left unexpanded (policyFor expands them).
 func toPolicy(p api.NetworkPolicy) (egress.Policy, error) {
-	out := egress.Policy{Mode: egress.Mode(p.Mode), Allow: p.Allow, Deny: p.Deny}
+	if p.ConnRate < 0 || p.MaxEgress < 0 || p.Bandwidth < 0 {
+		return egress.Policy{}, api.FieldError("network", "limits must not be negative")
+	}
+	if p.Bandwidth > 0 && p.Bandwidth < 8<<10 {
+		return egress.Policy{}, api.FieldError("network.bandwidth", "%s is below the minimum of 8k bytes/second", p.Bandwidth)
+	}
+	out := egress.Policy{Mode: egress.Mode(p.Mode), Allow: p.Allow, Deny: p.Deny, ConnRate: p.ConnRate, MaxEgressBytes: int64(p.MaxEgress)}
+	for _, sh := range p.SecretHeaders {
+		out.Secrets = append(out.Secrets, egress.SecretHeader{Host: sh.Host, Header: sh.Header, Value: "x"})
+	}
 	if out.Mode == "" {
 		out.Mode = egress.Mode(api.NetNone)
 	}
@@ -70,8 +81,24 @@ func (m *Manager) NetEvent(ev egress.Event) {
 	m.event(ev.Sandbox, "net."+ev.Kind, ev)
 }
 
-func (m *Manager) setNetPolicy(id string, p api.NetworkPolicy) {
+// policyFor is the proxy's policy for a sandbox: secrets expanded.
+func (m *Manager) policyFor(ctx context.Context, p api.NetworkPolicy) (egress.Policy, error) {
 	pol, err := toPolicy(p)
+	if err != nil {
+		return pol, err
+	}
+	for i, sh := range p.SecretHeaders {
+		v, err := m.expandSecret(ctx, sh.Value)
+		if err != nil {
+			return pol, err
+		}
+		pol.Secrets[i].Value = v
+	}
+	return pol, nil
+}
+
+func (m *Manager) setNetPolicy(id string, p api.NetworkPolicy) {
+	pol, err := m.policyFor(context.Background(), p)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil || !networked(p) {
@@ -87,14 +114,19 @@ func (m *Manager) proxyEnv(p api.NetworkPolicy) []string {
 		return nil
 	}
 	u := "http://" + netip.AddrPortFrom(m.cfg.Egress.Gateway, uint16(m.cfg.Egress.HTTPProxy)).String()
-	return []string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}
+	return append([]string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}, caEnv(p)...)
 }
 
 // netReady points the sandbox's resolver at den's DNS (queries to any
 // address are redirected there anyway; a loopback resolver would not be).
-func (m *Manager) netReady(ctx context.Context, b isolate.Box) error {
+func (m *Manager) netReady(ctx context.Context, id string, p api.NetworkPolicy, b isolate.Box) error {
 	if m.cfg.Egress == nil {
 		return nil
+	}
+	if len(p.SecretHeaders) > 0 {
+		if err := m.installCA(ctx, id, b); err != nil {
+			return fmt.Errorf("install the sandbox's CA: %w", err)
+		}
 	}
 	conf := "nameserver " + m.cfg.Egress.Gateway.String() + "\noptions timeout:2 attempts:2\n"
 	resp, err := b.Agent().Do(ctx, "PUT", "/files", map[string][]string{"path": {"/etc/resolv.conf"}, "mode": {"0644"}}, bytes.NewReader([]byte(conf)), nil)
@@ -107,7 +139,7 @@ func (m *Manager) netReady(ctx context.Context, b isolate.Box) error {
 
 // SetNetwork changes a sandbox's egress policy, live.
 func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy) (*api.Sandbox, error) {
-	if _, err := toPolicy(p); err != nil {
+	if _, err := m.policyFor(ctx, p); err != nil {
 		return nil, err
 	}
 	if p.Mode == "" {
@@ -139,7 +171,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy
 				return nil, err
 			}
 			rec.Address = addr
-			if err := m.netReady(ctx, b); err != nil {
+			if err := m.netReady(ctx, rec.ID, p, b); err != nil {
 				return nil, err
 			}
 		} else {
@@ -147,6 +179,23 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy
 				return nil, err
 			}
 			rec.Address = ""
+		}
+	}
+	if b := m.box(rec.ID); b != nil && networked(p) {
+		nw, ok := b.(isolate.Networker)
+		if ok && was {
+			if err := nw.SetBandwidth(int64(p.Bandwidth)); err != nil {
+				return nil, err
+			}
+			if len(p.SecretHeaders) > 0 {
+				if err := m.installCA(ctx, rec.ID, b); err != nil {
+					return nil, err
+				}
+			}
+		} else if ok && p.Bandwidth > 0 {
+			if err := nw.SetBandwidth(int64(p.Bandwidth)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := m.put(ctx, rec); err != nil {

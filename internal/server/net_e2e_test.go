@@ -116,7 +116,8 @@ func (in *inet) listen(t *testing.T, port int) net.Listener {
 func selfSigned(t *testing.T, names ...string) tls.Certificate {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
@@ -134,9 +135,16 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 	in := newInet(t)
 	web := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the test internet, host %s", r.Host)
+		if a := r.Header.Get("Authorization"); a != "" {
+			fmt.Fprintf(w, ", authorization %s", a)
+		}
 	})}
 	go web.Serve(in.listen(t, 80))
-	tlsLn := tls.NewListener(in.listen(t, 443), &tls.Config{Certificates: []tls.Certificate{selfSigned(t, "allowed.test", "other.test")}})
+	serverCert := selfSigned(t, "allowed.test", "other.test", "www.allowed.test")
+	tlsLn := tls.NewListener(in.listen(t, 443), &tls.Config{Certificates: []tls.Certificate{serverCert}})
+	upstreamRoots := x509.NewCertPool()
+	leaf, _ := x509.ParseCertificate(serverCert.Certificate[0])
+	upstreamRoots.AddCert(leaf)
 	go web.Serve(tlsLn)
 	echo := in.listen(t, 2222)
 	go func() {
@@ -212,6 +220,8 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 		Sandbox: m.SandboxForAddr, Log: m.NetEvent,
 		Public: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		Deny:   []netip.Prefix{nw.Subnet()},
+		CA:     m.SandboxCA, Attribute: m.Attribute,
+		UpstreamTLS: &tls.Config{RootCAs: upstreamRoots},
 		Resolve: func(ctx context.Context, name string) ([]netip.Addr, error) {
 			if a, ok := names[strings.TrimSuffix(strings.ToLower(name), ".")]; ok {
 				return a, nil
@@ -498,4 +508,91 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 	if status, _ := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/ports/9/tcp", nil); status != 409 {
 		t.Fatalf("a closed port: %d", status)
 	}
+}
+
+// Secret headers: the proxy adds them to HTTPS requests for their host;
+// the value appears nowhere in the sandbox.
+func TestSecretHeaders(t *testing.T) {
+	e, _ := newNetEnv(t)
+	ctx := context.Background()
+	const secret = "s3cr3t-token-value-9f2c"
+	if status, b := e.raw(t, "PUT", "/v1/secrets/API_TOKEN", strings.NewReader(secret)); status != 204 {
+		t.Fatalf("set secret: %d %s", status, b)
+	}
+	status, b := e.raw(t, "GET", "/v1/secrets", nil)
+	if status != 200 || strings.Contains(string(b), secret) || !strings.Contains(string(b), "API_TOKEN") {
+		t.Fatalf("list secrets: %d %s", status, b)
+	}
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{
+		Mode: api.NetAllow, Allow: []string{"allowed.test", "other.test"},
+		SecretHeaders: []api.SecretHeader{{Host: "allowed.test", Header: "Authorization", Value: "Bearer ${API_TOKEN}"}},
+	}})
+	// Through the transparent proxy (no proxy variables) and through HTTPS_PROXY.
+	for _, args := range [][]string{{"--noproxy", "*", "https://allowed.test/"}, {"https://allowed.test/"}} {
+		out, code := curl(t, e, sb.ID, args...)
+		if code != 0 || !strings.Contains(out, "authorization Bearer "+secret) {
+			t.Fatalf("secret header via %v: %d %s", args, code, out)
+		}
+	}
+	// A sandbox-supplied Authorization is replaced; other hosts get nothing.
+	if out, _ := curl(t, e, sb.ID, "--noproxy", "*", "-H", "Authorization: Bearer forged", "https://allowed.test/"); !strings.Contains(out, secret) || strings.Contains(out, "forged") {
+		t.Fatalf("header replacement: %s", out)
+	}
+	if out, _ := curl(t, e, sb.ID, "--noproxy", "*", "-k", "https://other.test/"); strings.Contains(out, "authorization") {
+		t.Fatalf("secret sent to another host: %s", out)
+	}
+	// The secret is nowhere inside: checked from the host, so the check
+	// itself does not carry it in: the sandbox's files (its writable
+	// layers) and every process's environment and command line.
+	filepath.WalkDir(filepath.Join(e.data, "sandboxes", sb.ID, "upper"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if b, _ := os.ReadFile(p); strings.Contains(string(b), secret) {
+				t.Errorf("the secret is in the sandbox's file %s", p)
+			}
+		}
+		return nil
+	})
+	e.sh(t, sb.ID, "sleep 30 >/dev/null 2>&1 &") // a process to look at besides the agent
+	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sb.Pid))
+	ents, _ := os.ReadDir("/proc")
+	seen := 0
+	for _, ent := range ents {
+		if l, _ := os.Readlink("/proc/" + ent.Name() + "/ns/pid"); l != ns {
+			continue
+		}
+		seen++
+		for _, f := range []string{"environ", "cmdline"} {
+			if b, _ := os.ReadFile("/proc/" + ent.Name() + "/" + f); strings.Contains(string(b), secret) {
+				t.Errorf("the secret is in /proc/%s/%s of a sandbox process", ent.Name(), f)
+			}
+		}
+	}
+	if seen < 2 {
+		t.Fatalf("looked at %d sandbox processes", seen)
+	}
+	// The sandbox record keeps the reference, not the value.
+	got, _ := e.c.Get(ctx, sb.ID)
+	if doc, _ := json.Marshal(got); strings.Contains(string(doc), secret) {
+		t.Fatalf("the API shows the secret: %s", doc)
+	}
+	// Connections are attributed to the exec that made them.
+	evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: sb.ID, Type: "net.connect"})
+	attributed := 0
+	for _, ev := range evs {
+		var d egress.Event
+		json.Unmarshal(ev.Data, &d)
+		if strings.Contains(d.Process, "curl") {
+			attributed++
+		}
+		if strings.Contains(string(ev.Data), secret) {
+			t.Fatalf("the audit log holds the secret: %s", ev.Data)
+		}
+	}
+	if attributed == 0 {
+		t.Fatalf("no connection attributed to its process in %d events", len(evs))
+	}
+	// An unknown secret reference is refused up front.
+	_, err := e.c.Create(ctx, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"},
+		SecretHeaders: []api.SecretHeader{{Host: "allowed.test", Header: "Authorization", Value: "${NO_SUCH_SECRET_X}"}}}})
+	wantKind(t, err, api.KindInvalid)
 }

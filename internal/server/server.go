@@ -110,6 +110,9 @@ func (s *Server) routes() {
 	h("GET /v1/sandboxes/{id}/ports/{port}/tcp", s.tcp)
 	h("/preview/{id}/{port}/{rest...}", s.preview)
 	h("GET /metrics", s.metrics)
+	h("PUT /v1/secrets/{name}", s.putSecret)
+	h("GET /v1/secrets", s.listSecrets)
+	h("DELETE /v1/secrets/{name}", s.deleteSecret)
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)
 	h("DELETE /v1/images/{name...}", s.removeImage)
@@ -696,4 +699,34 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, sb)
+}
+
+func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
+	v, err := io.ReadAll(io.LimitReader(r.Body, 64<<10+1))
+	if err != nil {
+		writeError(w, api.Errorf(api.KindInvalid, "read the secret: %v", err))
+		return
+	}
+	if err := s.m.SetSecret(r.Context(), r.PathValue("name"), v); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(204)
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
+	names, err := s.m.Secrets(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, names)
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.DeleteSecret(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(204)
 }

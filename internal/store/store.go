@@ -190,6 +190,15 @@ CREATE TABLE events (
 CREATE INDEX events_sandbox ON events(sandbox, seq);
 CREATE INDEX events_time ON events(time);
 `,
+	// 2: den's secret store: values the egress proxy adds to requests and
+	// that never enter a sandbox.
+	`
+CREATE TABLE secrets (
+	name       TEXT PRIMARY KEY,
+	value      BLOB NOT NULL,
+	updated_at INTEGER NOT NULL
+);
+`,
 }
 
 // migrate creates the schema_version table if needed and applies every

@@ -331,6 +331,11 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 		if _, err := r.net.Attach(cmd.Process.Pid, spec.NetSlot); err != nil {
 			return nil, err
 		}
+		if spec.NetBandwidth > 0 {
+			if err := r.net.SetBandwidth(cmd.Process.Pid, spec.NetSlot, spec.NetBandwidth); err != nil {
+				return nil, err
+			}
+		}
 		cleanup = append(cleanup, func() { r.net.Detach(spec.NetSlot) })
 	}
 	// The agent must survive the box's own out-of-memory kills. Lowering
@@ -550,4 +555,12 @@ func (b *box) DetachNet() error {
 		return nil
 	}
 	return b.rt.net.Detach(b.spec.NetSlot)
+}
+
+// SetBandwidth changes a running box's bandwidth limit.
+func (b *box) SetBandwidth(rate int64) error {
+	if b.rt.net == nil || !b.spec.Net {
+		return errors.New("the sandbox has no network interface")
+	}
+	return b.rt.net.SetBandwidth(b.pid, b.spec.NetSlot, rate)
 }

@@ -283,3 +283,60 @@ func (b *box) DialInside(ctx context.Context, port int) (net.Conn, error) {
 	r := <-ch
 	return r.c, r.err
 }
+
+// shape limits a link's transmit rate with a token bucket (0 removes it).
+func shape(h *netlink.Handle, link netlink.Link, rate int64) error {
+	if rate <= 0 {
+		qs, _ := h.QdiscList(link)
+		for _, q := range qs {
+			if _, ok := q.(*netlink.Tbf); ok {
+				h.QdiscDel(q)
+			}
+		}
+		return nil
+	}
+	burst := uint32(max(rate/10, 16<<10)) // 100 ms of traffic, at least 16 KiB
+	q := &netlink.Tbf{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
+		Rate:       uint64(rate),
+		Limit:      burst * 2,
+		Buffer:     netlink.Xmittime(uint64(rate), burst),
+	}
+	return h.QdiscReplace(q)
+}
+
+// SetBandwidth limits the slot's traffic each way to rate bytes per
+// second (0: unlimited): the host end of the veth shapes what the sandbox
+// receives, the sandbox's eth0 what it sends.
+func (n *Network) SetBandwidth(pid, slot int, rate int64) error {
+	host, err := netlink.LinkByName(vethName(slot))
+	if err != nil {
+		return fmt.Errorf("sandbox interface: %w", err)
+	}
+	hh, err := netlink.NewHandle()
+	if err != nil {
+		return err
+	}
+	defer hh.Close()
+	if err := shape(hh, host, rate); err != nil {
+		return fmt.Errorf("shape %s: %w", vethName(slot), err)
+	}
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	if err := shape(h, eth, rate); err != nil {
+		return fmt.Errorf("shape eth0: %w", err)
+	}
+	return nil
+}
