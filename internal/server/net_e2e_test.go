@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -134,6 +135,11 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 	}
 	in := newInet(t)
 	web := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, err := strconv.Atoi(r.URL.Query().Get("bytes")); err == nil && n > 0 {
+			w.Write(make([]byte, n))
+			return
+		}
+		io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(w, "hello from the test internet, host %s", r.Host)
 		if a := r.Header.Get("Authorization"); a != "" {
 			fmt.Fprintf(w, ", authorization %s", a)
@@ -595,4 +601,46 @@ func TestSecretHeaders(t *testing.T) {
 	_, err := e.c.Create(ctx, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"},
 		SecretHeaders: []api.SecretHeader{{Host: "allowed.test", Header: "Authorization", Value: "${NO_SUCH_SECRET_X}"}}}})
 	wantKind(t, err, api.KindInvalid)
+}
+
+// Per-sandbox limits: connection rate, total egress bytes, bandwidth.
+func TestNetworkLimits(t *testing.T) {
+	e, _ := newNetEnv(t)
+	ctx := context.Background()
+	allow := []string{"allowed.test"}
+	// Connection rate: 2 per second; a burst of 8 gets some refused.
+	rl := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: allow, ConnRate: 2}})
+	r := e.sh(t, rl.ID, "ok=0; for i in 1 2 3 4 5 6 7 8; do curl -s --noproxy '*' --max-time 3 http://allowed.test/ | grep -q hello && ok=$((ok+1)); done; echo $ok")
+	if n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout))); n < 1 || n > 5 {
+		t.Fatalf("with conn_rate 2/s, %d of 8 immediate connections succeeded", n)
+	}
+	// Egress bytes: a 4 KB upload passes the 2 KB limit; the next is refused.
+	eb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: allow, MaxEgress: 2048}})
+	curl(t, e, eb.ID, "--noproxy", "*", "--data-binary", "@/usr/share/common-licenses/GPL-3", "http://allowed.test/")
+	if out, code := curl(t, e, eb.ID, "--noproxy", "*", "http://allowed.test/"); code == 0 && strings.Contains(out, "hello") {
+		t.Fatalf("past max_egress: %s", out)
+	}
+	evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: eb.ID, Type: "net.connect"})
+	found := false
+	for _, ev := range evs {
+		found = found || strings.Contains(string(ev.Data), "egress byte limit")
+	}
+	if !found {
+		t.Fatal("no event explains the egress byte limit")
+	}
+	// Bandwidth: 300 KB at 100 KB/s takes about 3 s.
+	bw := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: allow, Bandwidth: 100 << 10}})
+	start := time.Now()
+	out, code := curl(t, e, bw.ID, "--noproxy", "*", "--max-time", "20", "-o", "/dev/null", "-w", "%{size_download}", "http://allowed.test/?bytes=307200")
+	if d := time.Since(start); code != 0 || strings.TrimSpace(out) != "307200" || d < 2*time.Second || d > 15*time.Second {
+		t.Fatalf("300 KB at 100 KB/s: code %d, %q bytes, %v", code, out, d)
+	}
+	// Lifting the limit live makes it fast.
+	if _, err := e.c.SetNetwork(ctx, bw.ID, api.NetworkPolicy{Mode: api.NetAllow, Allow: allow}); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	if out, code := curl(t, e, bw.ID, "--noproxy", "*", "-o", "/dev/null", "-w", "%{size_download}", "http://allowed.test/?bytes=307200"); code != 0 || time.Since(start) > 2*time.Second {
+		t.Fatalf("without the limit: %d %s %v", code, out, time.Since(start))
+	}
 }
