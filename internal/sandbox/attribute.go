@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/isolate"
 )
 
 // Attribute names the process of a sandbox that owns the TCP connection
@@ -18,11 +19,16 @@ import (
 // socket's inode from the sandbox's /proc/net/tcp, the process holding it,
 // its process group, and the agent's process of that group. "" when it
 // cannot tell (the socket is gone, or a process outside the agent's).
+//
+// It costs a few reads of /proc, so it is rationed: at most
+// attributeRate per second per sandbox (a burst of attributeBurst); past
+// that a connection goes unattributed rather than slowing the proxy.
 func (m *Manager) Attribute(sandbox string, src netip.AddrPort) string {
 	m.mu.Lock()
 	b := m.boxes[sandbox]
+	ok := m.attributeToken(sandbox)
 	m.mu.Unlock()
-	if b == nil {
+	if b == nil || !ok {
 		return ""
 	}
 	pid := b.Pid()
@@ -30,23 +36,82 @@ func (m *Manager) Attribute(sandbox string, src netip.AddrPort) string {
 	if inode == "" {
 		return ""
 	}
-	hostPid := socketOwner(pid, inode)
+	var hostPid int
+	if pl, ok := b.(interface{ Procs() []int }); ok {
+		hostPid = socketOwnerIn(pl.Procs(), inode)
+	} else {
+		hostPid = socketOwner(pid, inode)
+	}
 	if hostPid == 0 {
 		return ""
 	}
 	pgid := statField(hostPid, 5) // host pid of the process group leader
 	nsPgid := nsPid(pgid)
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	var procs []api.ProcessInfo
-	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err == nil {
-		for _, p := range procs {
-			if p.Pid == nsPgid && p.State == api.ProcRunning {
-				return fmt.Sprintf("%s (%s)", p.ID, strings.Join(p.Cmd, " "))
-			}
+	for _, p := range m.agentProcs(sandbox, b) {
+		if p.Pid == nsPgid && p.State == api.ProcRunning {
+			return fmt.Sprintf("%s (%s)", p.ID, strings.Join(p.Cmd, " "))
 		}
 	}
 	return fmt.Sprintf("pid %d (%s)", nsPid(hostPid), comm(hostPid))
+}
+
+const (
+	attributeRate  = 10.0
+	attributeBurst = 20.0
+)
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// attributeToken takes a token from the sandbox's bucket. Call with m.mu held.
+func (m *Manager) attributeToken(id string) bool {
+	if m.attrBuckets == nil {
+		m.attrBuckets = map[string]*bucket{}
+	}
+	b := m.attrBuckets[id]
+	now := time.Now()
+	if b == nil {
+		b = &bucket{tokens: attributeBurst, at: now}
+		m.attrBuckets[id] = b
+	}
+	b.tokens = min(attributeBurst, b.tokens+now.Sub(b.at).Seconds()*attributeRate)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// procCache keeps each sandbox's process list briefly: attribution runs
+// for every connection and must stay cheap.
+type procCache struct {
+	at    time.Time
+	procs []api.ProcessInfo
+}
+
+func (m *Manager) agentProcs(id string, b isolate.Box) []api.ProcessInfo {
+	m.mu.Lock()
+	c, ok := m.procCache[id]
+	m.mu.Unlock()
+	if ok && time.Since(c.at) < time.Second {
+		return c.procs
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	var procs []api.ProcessInfo
+	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err != nil {
+		return nil
+	}
+	m.mu.Lock()
+	if m.procCache == nil {
+		m.procCache = map[string]procCache{}
+	}
+	m.procCache[id] = procCache{time.Now(), procs}
+	m.mu.Unlock()
+	return procs
 }
 
 // socketInode finds the inode of the TCP socket bound to port in the
@@ -88,6 +153,21 @@ func socketOwner(initPid int, inode string) int {
 		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 		for _, fd := range fds {
 			if l, _ := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name())); l == target {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// socketOwnerIn is the pid among pids holding socket inode.
+func socketOwnerIn(pids []int, inode string) int {
+	target := "socket:[" + inode + "]"
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		fds, _ := os.ReadDir(dir)
+		for _, fd := range fds {
+			if l, _ := os.Readlink(filepath.Join(dir, fd.Name())); l == target {
 				return pid
 			}
 		}

@@ -61,14 +61,16 @@ type Manager struct {
 	images *image.Store
 	log    *slog.Logger
 
-	mu     sync.Mutex
-	boxes  map[string]isolate.Box   // running sandboxes
-	seen   map[string]time.Time     // last API activity of each running sandbox
-	busy   map[string]int           // requests in flight per sandbox
-	meters map[string]*meter        // usage accounting of running sandboxes
-	netpol map[string]egress.Policy // egress policies of networked sandboxes
-	slots  map[int]string           // id range slot → sandbox id
-	locks  map[string]*sync.Mutex   // one lifecycle operation at a time per sandbox
+	mu          sync.Mutex
+	boxes       map[string]isolate.Box   // running sandboxes
+	seen        map[string]time.Time     // last API activity of each running sandbox
+	busy        map[string]int           // requests in flight per sandbox
+	meters      map[string]*meter        // usage accounting of running sandboxes
+	netpol      map[string]egress.Policy // egress policies of networked sandboxes
+	procCache   map[string]procCache     // recent agent process lists, for attribution
+	attrBuckets map[string]*bucket       // attribution rations
+	slots       map[int]string           // id range slot → sandbox id
+	locks       map[string]*sync.Mutex   // one lifecycle operation at a time per sandbox
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}
@@ -626,6 +628,8 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	delete(m.meters, rec.ID)
 	delete(m.seen, rec.ID)
 	delete(m.netpol, rec.ID)
+	delete(m.procCache, rec.ID)
+	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
 	if err := m.db.DeleteSandbox(ctx, rec.ID); err != nil {
 		return err

@@ -254,3 +254,18 @@ func (cg *cgroups) Usage(id string) Usage {
 	u.Pids = int(readInt(filepath.Join(cg.dir(id, "pids"), "pids.current")))
 	return u
 }
+
+// Procs lists the host pids in the box's groups.
+func (cg *cgroups) Procs(id string) []int {
+	b, err := os.ReadFile(filepath.Join(cg.dir(id, "pids"), "cgroup.procs"))
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}

@@ -564,3 +564,6 @@ func (b *box) SetBandwidth(rate int64) error {
 	}
 	return b.rt.net.SetBandwidth(b.pid, b.spec.NetSlot, rate)
 }
+
+// Procs lists the host pids of the box's processes.
+func (b *box) Procs() []int { return b.rt.cg.Procs(b.spec.ID) }
