@@ -435,6 +435,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"Sandbox":       Sandbox{},
 		"Limits":        Limits{},
 		"NetworkPolicy": NetworkPolicy{},
+		"SecretHeader":  SecretHeader{},
 		"ExitStatus":    ExitStatus{},
 		"ExecResult":    ExecResult{},
 		"FileInfo":      FileInfo{},
@@ -487,7 +488,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 	}
 
 	// The server rejects unknown fields in request bodies.
-	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "PullRequest", "CommitRequest", "PortRequest"} {
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "SecretHeader", "PullRequest", "CommitRequest", "PortRequest"} {
 		if obj(schemas[name])["additionalProperties"] != false {
 			t.Errorf("request schema %s: want additionalProperties: false", name)
 		}
@@ -600,5 +601,28 @@ func TestOpenAPINetworkModes(t *testing.T) {
 	sort.Strings(want)
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("NetworkPolicy.mode enum = %v, want %v", got, want)
+	}
+}
+
+// TestOpenAPISecrets checks the secret store's routes (raw bytes in, names
+// out) and the policy fields that use it.
+func TestOpenAPISecrets(t *testing.T) {
+	doc := openAPIDoc(t)
+	paths := obj(doc["paths"])
+	put := obj(obj(paths["/v1/secrets/{name}"])["put"])
+	if obj(obj(obj(put["requestBody"])["content"])["application/octet-stream"]) == nil || obj(put["requestBody"])["required"] != true {
+		t.Errorf("PUT /v1/secrets/{name}: want a required application/octet-stream body, got %v", put["requestBody"])
+	}
+	list := obj(obj(obj(obj(obj(obj(paths["/v1/secrets"])["get"])["responses"])["200"])["content"])["application/json"])
+	if s := obj(list["schema"]); s["type"] != "array" || obj(s["items"])["type"] != "string" {
+		t.Errorf("GET /v1/secrets: want an array of strings, got %v", list["schema"])
+	}
+	props := obj(obj(obj(obj(doc["components"])["schemas"])["NetworkPolicy"])["properties"])
+	checkSchemaRef(t, "NetworkPolicy.secret_headers", obj(props["secret_headers"]), "SecretHeader", true)
+	for _, p := range []string{"max_egress", "bandwidth"} {
+		checkSchemaRef(t, "NetworkPolicy."+p, obj(props[p]), "Size", false)
+	}
+	if obj(props["conn_rate"])["type"] != "number" {
+		t.Errorf("NetworkPolicy.conn_rate: want a number, got %v", props["conn_rate"])
 	}
 }

@@ -153,3 +153,32 @@ func ExampleClient_StartProcess() {
 	}
 	fmt.Println("ended:", st.Reason, st.ExitCode)
 }
+
+// A secret header gives a sandbox authenticated access to one HTTPS host
+// without the secret entering the sandbox: den's proxy sets the header,
+// expanding ${NAME} from den's secret store.
+func ExampleClient_SetSecret() {
+	var c client.Client
+	ctx := context.Background()
+
+	if err := c.SetSecret(ctx, "GITHUB_TOKEN", []byte(os.Getenv("GITHUB_TOKEN"))); err != nil {
+		log.Fatal(err)
+	}
+	sb, err := c.Create(ctx, api.CreateRequest{Network: &api.NetworkPolicy{
+		Mode:      api.NetAllow,
+		Allow:     []string{"api.github.com"},
+		MaxEgress: 100 << 20,
+		SecretHeaders: []api.SecretHeader{
+			{Host: "api.github.com", Header: "Authorization", Value: "Bearer ${GITHUB_TOKEN}"},
+		},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Remove(ctx, sb.ID, true)
+	st, err := c.ExecStream(ctx, sb.ID, api.ExecRequest{Cmd: []string{"curl", "-s", "https://api.github.com/user"}}, os.Stdout, os.Stderr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("exit code", st.ExitCode)
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"github.com/den-dev/den/api"
 )
@@ -11,9 +12,14 @@ var verbCreate = &verb{
 	name:     "create",
 	summary:  "create a sandbox and print its id",
 	synopsis: "[flags]",
+	details: `A sandbox has no network (loopback only) unless --net, --allow or
+--allow-cidr says otherwise; see den net set -h.
+
+` + netFlagsDetails,
 	example: `den create --image alpine:3.20 --memory 512m --ttl 1h --label task=42
 		den create --name dev --idle-timeout 30m
-		den create --allow pypi.org --allow '*.pythonhosted.org'
+		den create --allow pypi.org --allow '*.pythonhosted.org' --max-egress 2g --bandwidth 5m
+		den create --allow api.example.com --secret-header 'api.example.com=Authorization: Bearer ${TOKEN}'
 		den exec "$(den create)" -- uname -a`,
 	run: cmdCreate,
 }
@@ -45,9 +51,9 @@ func (o *sandboxOpts) define(f *flagSet) {
 }
 
 // request returns the create request the flags describe; v is the verb,
-// for errors in the network flags.
-func (o *sandboxOpts) request(v *verb) (api.CreateRequest, error) {
-	network, err := o.net.policy(v)
+// for errors in the network flags, and stderr takes their warnings.
+func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, error) {
+	network, err := o.net.policy(v, stderr)
 	if err != nil {
 		return api.CreateRequest{}, err
 	}
@@ -77,7 +83,7 @@ func cmdCreate(c *cli, v *verb, args []string) error {
 	if len(pos) > 0 {
 		return usagef(v, "create takes no arguments (got %q); to run a command use `den run`", pos[0])
 	}
-	req, err := o.request(v)
+	req, err := o.request(v, c.stderr)
 	if err != nil {
 		return err
 	}

@@ -74,6 +74,7 @@ type fakeDaemon struct {
 	netSets   []api.NetworkPolicy       // bodies of PUT network
 	ports     map[string][]*api.Preview // sandbox id → its shared ports
 	tcpConns  int                       // connections to the raw TCP route
+	secrets   map[string][]byte         // den's secret store
 
 	// tcpHost is the same daemon on TCP (tcp://127.0.0.1:N), for commands
 	// whose output depends on the transport.
@@ -122,7 +123,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	f := &fakeDaemon{t: t, dir: dir, sandboxes: map[string]*fakeSandbox{}, images: map[string]*api.Image{}, lastQuery: map[string]string{},
-		sessions: map[string][]*api.Session{}, ttyMsgs: map[string][]string{}, attached: make(chan string, 16), ports: map[string][]*api.Preview{}}
+		sessions: map[string][]*api.Session{}, ttyMsgs: map[string][]string{}, attached: make(chan string, 16), ports: map[string][]*api.Preview{}, secrets: map[string][]byte{}}
 	mux := http.NewServeMux()
 	handle := func(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
@@ -296,6 +297,46 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 		return api.Errorf(api.KindNotFound, "port %s of sandbox %s is not shared", r.PathValue("port"), s.sb.ID[:12])
 	})
 	handle("GET /v1/sandboxes/{id}/ports/{port}/tcp", f.tcp)
+	handle("PUT /v1/secrets/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		if ct := r.Header.Get("Content-Type"); ct != "application/octet-stream" {
+			return api.Errorf(api.KindInvalid, "secret sent as %q", ct)
+		}
+		v, err := io.ReadAll(io.LimitReader(r.Body, 64<<10+1))
+		if err != nil {
+			return err
+		}
+		name := r.PathValue("name")
+		if strings.ContainsAny(name, "=- ") || name == "" {
+			return api.FieldError("name", "%q: use letters, digits and _ (like an environment variable)", name)
+		}
+		if len(v) == 0 || len(v) > 64<<10 {
+			return api.FieldError("value", "a secret is 1 byte to 64 KiB")
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.secrets[name] = v
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
+	handle("GET /v1/secrets", func(w http.ResponseWriter, r *http.Request) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		names := []string{}
+		for n := range f.secrets {
+			names = append(names, n) // unsorted, as a map gives them
+		}
+		return writeJSON(w, 200, names)
+	})
+	handle("DELETE /v1/secrets/{name}", func(w http.ResponseWriter, r *http.Request) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if _, ok := f.secrets[r.PathValue("name")]; !ok {
+			return api.Errorf(api.KindNotFound, "no secret %q", r.PathValue("name"))
+		}
+		delete(f.secrets, r.PathValue("name"))
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	})
 	handle("GET /v1/images/save", f.saveImages)
 	handle("POST /v1/images/prune", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, 200, map[string]any{"images": []string{"den-cache/0123", "den-cache/4567"}, "layers": 3})

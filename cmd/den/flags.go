@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -177,6 +178,9 @@ func (f *flagSet) parse(args []string, npos int, stdout io.Writer) (pos, cmd []s
 			}
 		}
 		if err := d.value.Set(value); err != nil {
+			if h, ok := d.value.(interface{ hidesValue() bool }); ok && h.hidesValue() {
+				return nil, nil, usagef(f.v, "bad value for %s: %v", spell(name), err)
+			}
 			return nil, nil, usagef(f.v, "bad value %q for %s: %v", value, spell(name), err)
 		}
 		d.set = true
@@ -282,7 +286,10 @@ func (n floatValue) Set(s string) error {
 	if err != nil {
 		return errors.New("want a number, like 1.5")
 	}
-	if v < 0 || v != v {
+	if math.IsInf(v, 0) || v != v {
+		return errors.New("want a number, like 1.5")
+	}
+	if v < 0 {
 		return errors.New("must not be negative")
 	}
 	*n.p = v

@@ -50,6 +50,7 @@ func init() {
 		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
 		verbCommit,
 		verbNet, verbNetSet, verbNetShow, verbNetLog,
+		verbSecret, verbSecretSet, verbSecretLs, verbSecretRm,
 		verbPort, verbPortLs, verbPortRm, verbForward,
 		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
 		verbEvents, verbVersion, verbBench, verbServe, verbHelp,
@@ -191,6 +192,9 @@ func kindHint(v *verb, e *api.Error) string {
 		}
 		if name == "port rm" && strings.Contains(strings.ToLower(e.Message), "not shared") {
 			return "run `den port ls ID` to see the shared ports"
+		}
+		if strings.HasPrefix(name, "secret") {
+			return "run `den secret ls` to see the secrets"
 		}
 		return "run `den ls` to see sandboxes"
 	case api.KindUnauthorized:

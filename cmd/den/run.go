@@ -19,11 +19,14 @@ den run prints the new sandbox's id, like den create. Each argument is one
 argv entry; for a shell line use: den run -- sh -c '...'. With -it the
 command runs on an interactive terminal, as with den exec -it. A sandbox
 has no network (loopback only) unless --net, --allow or --allow-cidr says
-otherwise; see den net set -h.`,
+otherwise; see den net set -h.
+
+` + netFlagsDetails,
 	example: `den run --rm --memory 512m --timeout 30s -- python3 -c 'print(6*7)'
 		cat data.csv | den run --rm -i --image alpine:3.20 -- wc -l
 		den run --rm -it --idle-timeout 30m -- bash
-		den run --rm --allow github.com -- git ls-remote https://github.com/den-dev/den`,
+		den run --rm --allow github.com -- git ls-remote https://github.com/den-dev/den
+		den run --rm --allow api.github.com --secret-header 'api.github.com=Authorization: Bearer ${GITHUB_TOKEN}' -- curl -s https://api.github.com/user`,
 	run: cmdRun,
 }
 
@@ -48,7 +51,7 @@ func cmdRun(c *cli, v *verb, args []string) error {
 	if eo.tty && *eo.jsonOut {
 		return usagef(v, "--json does not go with -t")
 	}
-	req, err := so.request(v)
+	req, err := so.request(v, c.stderr)
 	if err != nil {
 		return err
 	}
