@@ -147,7 +147,14 @@ func (cg *cgroups) SetLimits(id string, l isolate.Limits) error {
 	if l.Pids > 0 {
 		pids = strconv.Itoa(l.Pids)
 	}
-	return write(filepath.Join(cg.dir(id, "pids"), "pids.max"), pids)
+	// On v1 the limit sits on a child group holding the agent's launcher
+	// thread and so every command: the agent's own threads stay outside
+	// it, and a fork bomb cannot starve the agent of threads.
+	cmds := filepath.Join(cg.dir(id, "pids"), "cmds")
+	if err := os.Mkdir(cmds, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create cgroup: %w", err)
+	}
+	return write(filepath.Join(cmds, "pids.max"), pids)
 }
 
 // Add moves pid into the box's groups.
@@ -183,7 +190,11 @@ func (cg *cgroups) OOMKills(id string) uint64 {
 
 // Kill sends SIGKILL to every process left in the box's groups.
 func (cg *cgroups) Kill(id string) {
-	for _, d := range cg.dirs(id) {
+	dirs := cg.dirs(id)
+	if !cg.v2 {
+		dirs = append(dirs, filepath.Join(cg.dir(id, "pids"), "cmds"))
+	}
+	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 		if err != nil {
 			continue
@@ -200,7 +211,11 @@ func (cg *cgroups) Kill(id string) {
 // It is idempotent.
 func (cg *cgroups) Remove(id string) error {
 	var last error
-	for _, d := range cg.dirs(id) {
+	dirs := cg.dirs(id)
+	if !cg.v2 {
+		dirs = append([]string{filepath.Join(cg.dir(id, "pids"), "cmds")}, dirs...)
+	}
+	for _, d := range dirs {
 		for i := 0; ; i++ {
 			err := os.Remove(d)
 			if err == nil || errors.Is(err, os.ErrNotExist) {
@@ -255,16 +270,27 @@ func (cg *cgroups) Usage(id string) Usage {
 	return u
 }
 
-// Procs lists the host pids in the box's groups.
-func (cg *cgroups) Procs(id string) []int {
-	b, err := os.ReadFile(filepath.Join(cg.dir(id, "pids"), "cgroup.procs"))
-	if err != nil {
+// MoveLauncher puts the agent's launcher thread (tid, a host id) in the
+// commands' pids group (v1; on v2 the whole box shares one group).
+func (cg *cgroups) MoveLauncher(id string, tid int) error {
+	if cg.v2 {
 		return nil
 	}
+	return write(filepath.Join(cg.dir(id, "pids"), "cmds", "tasks"), strconv.Itoa(tid))
+}
+
+// Procs lists the host pids in the box's groups.
+func (cg *cgroups) Procs(id string) []int {
 	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			out = append(out, pid)
+	for _, d := range []string{cg.dir(id, "pids"), filepath.Join(cg.dir(id, "pids"), "cmds")} {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				out = append(out, pid)
+			}
 		}
 	}
 	return out

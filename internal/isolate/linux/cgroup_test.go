@@ -67,7 +67,7 @@ func TestCgroupV1Files(t *testing.T) {
 		"memory/den/b1/memory.limit_in_bytes": "67108864",
 		"cpu/den/b1/cpu.cfs_quota_us":         "50000",
 		"cpu/den/b1/cpu.cfs_period_us":        "100000",
-		"pids/den/b1/pids.max":                "10",
+		"pids/den/b1/cmds/pids.max":           "10",
 	} {
 		if got := readTrim(t, filepath.Join(root, f)); got != want {
 			t.Errorf("%s = %q, want %q", f, got, want)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"unsafe"
 
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/confine"
@@ -65,6 +66,9 @@ func Init() {
 // confineLauncher runs on the agent's launcher thread: a private cgroup
 // namespace, then the capability set, no_new_privs and the seccomp filter.
 func confineLauncher() error {
+	// Named so the daemon can find this thread and put it (and so every
+	// command) in the commands' cgroup.
+	unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&[]byte(launcherName + "\x00")[0])), 0, 0, 0)
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("unshare cgroup namespace: %w", err)
 	}

@@ -356,6 +356,15 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 	if len(msg) > 0 {
 		return nil, fmt.Errorf("box init: %s", msg)
 	}
+	// Commands fork from the agent's launcher thread: it alone goes into
+	// the commands' pids group.
+	if tid := launcherTid(cmd.Process.Pid); tid > 0 {
+		if err := r.cg.MoveLauncher(spec.ID, tid); err != nil {
+			return nil, err
+		}
+	} else if !r.cg.v2 {
+		return nil, errors.New("box init: the agent's launcher thread was not found")
+	}
 	// The box's mount namespace holds its own copy of the root now.
 	unix.Unmount(rootfs, unix.MNT_DETACH)
 
@@ -567,3 +576,19 @@ func (b *box) SetBandwidth(rate int64) error {
 
 // Procs lists the host pids of the box's processes.
 func (b *box) Procs() []int { return b.rt.cg.Procs(b.spec.ID) }
+
+// launcherTid finds the agent's launcher thread (named den-launcher) of
+// the box init pid.
+func launcherTid(pid int) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, e := range ents {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/comm", pid, e.Name())); strings.TrimSpace(string(b)) == launcherName {
+			tid, _ := strconv.Atoi(e.Name())
+			return tid
+		}
+	}
+	return 0
+}
+
+// launcherName is the thread name the agent gives its launcher thread.
+const launcherName = "den-launcher"
