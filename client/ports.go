@@ -86,32 +86,9 @@ func (c *Client) DialPort(ctx context.Context, id string, port int) (net.Conn, e
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := c.config()
+	conn, err := c.dialWebSocket(ctx, p, fmt.Sprintf("connect to port %d of %s", port, id))
 	if err != nil {
 		return nil, err
-	}
-	h := http.Header{}
-	if cfg.bearer != "" {
-		h.Set("Authorization", "Bearer "+cfg.bearer)
-	}
-	h.Set("User-Agent", "den-client")
-	conn, resp, err := websocket.Dial(ctx, cfg.base+p, &websocket.DialOptions{HTTPClient: cfg.http, HTTPHeader: h})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && (resp.StatusCode < 200 || resp.StatusCode > 299) {
-			// The daemon refused with an error document (no such
-			// sandbox, a stopped one, nothing listening).
-			if resp.Body == nil {
-				resp.Body = http.NoBody
-			}
-			return nil, decodeError(resp)
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("connect to port %d of %s: %w", port, id, ctx.Err())
-		}
-		if isDialError(err) {
-			return nil, &ConnError{Host: cfg.display, Err: err}
-		}
-		return nil, fmt.Errorf("connect to port %d of %s: %w", port, id, err)
 	}
 	return &portConn{Conn: websocket.NetConn(context.Background(), conn, websocket.MessageBinary)}, nil
 }

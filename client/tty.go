@@ -59,32 +59,9 @@ func (c *Client) AttachTTY(ctx context.Context, id, proc string) (*TTY, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := c.config()
+	conn, err := c.dialWebSocket(ctx, p, "attach to the terminal of "+proc)
 	if err != nil {
 		return nil, err
-	}
-	h := http.Header{}
-	if cfg.bearer != "" {
-		h.Set("Authorization", "Bearer "+cfg.bearer)
-	}
-	h.Set("User-Agent", "den-client")
-	conn, resp, err := websocket.Dial(ctx, cfg.base+p, &websocket.DialOptions{HTTPClient: cfg.http, HTTPHeader: h})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && (resp.StatusCode < 200 || resp.StatusCode > 299) {
-			// The daemon refused with an error document (a process that
-			// does not exist or has no terminal).
-			if resp.Body == nil {
-				resp.Body = http.NoBody
-			}
-			return nil, decodeError(resp)
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("attach to the terminal of %s: %w", proc, ctx.Err())
-		}
-		if isDialError(err) {
-			return nil, &ConnError{Host: cfg.display, Err: err}
-		}
-		return nil, fmt.Errorf("attach to the terminal of %s: %w", proc, err)
 	}
 	// A message may carry up to api.MaxTTYMessage bytes, plus framing.
 	conn.SetReadLimit(api.MaxTTYMessage + 1024)
@@ -214,4 +191,37 @@ func (t *TTY) Close() error {
 		}
 	})
 	return t.closeErr
+}
+
+// dialWebSocket opens a WebSocket to the daemon at path with the client's
+// transport and token. A refusal comes back as the daemon's *api.Error, an
+// unreachable daemon as *ConnError; other failures are wrapped with what.
+func (c *Client) dialWebSocket(ctx context.Context, path, what string) (*websocket.Conn, error) {
+	cfg, err := c.config()
+	if err != nil {
+		return nil, err
+	}
+	h := http.Header{}
+	if cfg.bearer != "" {
+		h.Set("Authorization", "Bearer "+cfg.bearer)
+	}
+	h.Set("User-Agent", "den-client")
+	conn, resp, err := websocket.Dial(ctx, cfg.base+path, &websocket.DialOptions{HTTPClient: cfg.http, HTTPHeader: h})
+	if err == nil {
+		return conn, nil
+	}
+	if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && (resp.StatusCode < 200 || resp.StatusCode > 299) {
+		// The daemon refused with an error document.
+		if resp.Body == nil {
+			resp.Body = http.NoBody
+		}
+		return nil, decodeError(resp)
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+	if isDialError(err) {
+		return nil, &ConnError{Host: cfg.display, Err: err}
+	}
+	return nil, fmt.Errorf("%s: %w", what, err)
 }
