@@ -148,14 +148,17 @@ func writeError(w http.ResponseWriter, err error) {
 }
 
 // decode reads a JSON body strictly: one object, no unknown fields, at most MaxBody bytes.
-func decode(r *http.Request, v any) error {
-	body := http.MaxBytesReader(nil, r.Body, MaxBody)
+func decode(r *http.Request, v any) error { return decodeLimit(r, v, MaxBody) }
+
+// decodeLimit is decode with another bound on the body.
+func decodeLimit(r *http.Request, v any, limit int64) error {
+	body := http.MaxBytesReader(nil, r.Body, limit)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return api.Errorf(api.KindTooLarge, "request body over %d bytes", MaxBody)
+			return api.Errorf(api.KindTooLarge, "request body over %d bytes", limit)
 		}
 		return decodeErr(err)
 	}
@@ -253,16 +256,11 @@ func (c *capture) write(p []byte) {
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
 	// Stdin travels in the body (base64), so allow more than MaxBody here.
-	r.Body = http.MaxBytesReader(w, r.Body, sandbox.MaxStdin*4/3+MaxBody)
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, api.Errorf(api.KindTooLarge, "exec request too large: upload big input as a file"))
-			return
+	if err := decodeLimit(r, &req, sandbox.MaxStdin*4/3+MaxBody); err != nil {
+		if api.KindOf(err) == api.KindTooLarge {
+			err = api.Errorf(api.KindTooLarge, "exec request too large: upload big input as a file")
 		}
-		writeError(w, decodeErr(err))
+		writeError(w, err)
 		return
 	}
 	if wantsStream(r) {
