@@ -541,7 +541,7 @@ func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("name")
-	if !strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") {
+	if !wantsNDJSON(r) {
 		v, err := s.m.ImportImage(r.Context(), name, r.Body, nil)
 		if err != nil {
 			writeError(w, err)
@@ -550,36 +550,13 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, v)
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(200)
-	fl, _ := w.(http.Flusher)
-	var mu sync.Mutex
-	enc := json.NewEncoder(w)
-	last := time.Time{}
-	progress := func(done, total int64, what string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if time.Since(last) < 100*time.Millisecond && done != total {
-			return
-		}
-		last = time.Now()
-		enc.Encode(map[string]any{"progress": map[string]any{"done": done, "total": total, "what": what}})
-		if fl != nil {
-			fl.Flush()
-		}
-	}
-	v, err := s.m.ImportImage(r.Context(), name, r.Body, progress)
-	mu.Lock()
-	defer mu.Unlock()
+	n := newNDJSON(w)
+	v, err := s.m.ImportImage(r.Context(), name, r.Body, n.progress)
 	if err != nil {
-		var ae *api.Error
-		if !errors.As(err, &ae) {
-			ae = api.Errorf(api.KindInternal, "%v", err)
-		}
-		enc.Encode(api.ErrorDoc{Error: ae})
+		n.fail(err)
 		return
 	}
-	enc.Encode(map[string]any{"images": v})
+	n.send(map[string]any{"images": v})
 }
 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
