@@ -32,7 +32,7 @@ func toPolicy(p api.NetworkPolicy) (egress.Policy, error) {
 	}
 	out := egress.Policy{Mode: egress.Mode(p.Mode), Allow: p.Allow, Deny: p.Deny, ConnRate: p.ConnRate, MaxEgressBytes: int64(p.MaxEgress)}
 	for _, sh := range p.SecretHeaders {
-		out.Secrets = append(out.Secrets, egress.SecretHeader{Host: sh.Host, Header: sh.Header, Value: "x"})
+		out.Secrets = append(out.Secrets, egress.SecretHeader{Host: sh.Host, Header: sh.Header, Value: sh.Value}) // the template; policyFor expands it
 	}
 	if out.Mode == "" {
 		out.Mode = egress.Mode(api.NetNone)
