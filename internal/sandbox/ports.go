@@ -57,13 +57,7 @@ func (m *Manager) SharePort(ctx context.Context, id string, req api.PortRequest)
 		rand.Read(b[:])
 		s.Token = hex.EncodeToString(b[:])
 	}
-	kept := rec.Ports[:0]
-	for _, o := range rec.Ports {
-		if o.Port != req.Port {
-			kept = append(kept, o)
-		}
-	}
-	rec.Ports = append(kept, s)
+	rec.Ports = append(withoutPort(rec.Ports, req.Port), s)
 	sort.Slice(rec.Ports, func(i, j int) bool { return rec.Ports[i].Port < rec.Ports[j].Port })
 	if err := m.put(ctx, rec); err != nil {
 		return nil, err
@@ -96,12 +90,7 @@ func (m *Manager) UnsharePort(ctx context.Context, id string, port int) error {
 	if rec, err = m.get(ctx, rec.ID); err != nil {
 		return err
 	}
-	kept := rec.Ports[:0]
-	for _, o := range rec.Ports {
-		if o.Port != port {
-			kept = append(kept, o)
-		}
-	}
+	kept := withoutPort(rec.Ports, port)
 	if len(kept) == len(rec.Ports) {
 		return api.Errorf(api.KindNotFound, "port %d of sandbox %s is not shared", port, rec.ID[:12])
 	}
@@ -146,4 +135,14 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 		return nil, api.Errorf(api.KindConflict, "nothing answers on port %d in sandbox %s: %v", port, sb.ID[:12], err)
 	}
 	return c, nil
+}
+
+func withoutPort(shares []share, port int) []share {
+	var kept []share
+	for _, o := range shares {
+		if o.Port != port {
+			kept = append(kept, o)
+		}
+	}
+	return kept
 }
