@@ -199,6 +199,21 @@ CREATE TABLE secrets (
 	updated_at INTEGER NOT NULL
 );
 `,
+	// 3: small named objects of several kinds (snapshots, volumes), each a
+	// JSON document with an id and an optional unique name per kind.
+	`
+CREATE TABLE objects (
+	kind       TEXT NOT NULL,
+	id         TEXT NOT NULL,
+	name       TEXT,                    -- NULL when unnamed; unique per kind
+	owner      TEXT NOT NULL,           -- what it belongs to (a sandbox id, a token), or ''
+	created_at INTEGER NOT NULL,        -- Unix nanoseconds
+	doc        TEXT NOT NULL,
+	PRIMARY KEY (kind, id),
+	UNIQUE (kind, name)
+);
+CREATE INDEX objects_owner ON objects(kind, owner);
+`,
 }
 
 // migrate creates the schema_version table if needed and applies every
