@@ -1,0 +1,214 @@
+package storage
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	minImageSize = 1 << 30 // floor of the default size
+	// smallestImage is what mkfs.btrfs accepts for one device (btrfs-progs
+	// 6.2 refuses less than 114 MiB, or about 110 MiB in mixed mode).
+	smallestImage = 128 << 20
+	// mixedBelow: images smaller than this use mixed data+metadata block
+	// groups, so a small test image does not run out of one kind of chunk
+	// while the other has room.
+	mixedBelow = 1 << 30
+)
+
+// mountOptions are the btrfs options of den's image. noatime: reads never
+// dirty metadata (atime updates would also unshare snapshot metadata).
+// discard=async: space freed in the image is punched out of the sparse
+// backing file, so deleting sandboxes gives the host its disk back.
+// Flushes still go to the backing file (no nobarrier), so a host crash loses
+// at most the last commit, never the filesystem.
+const mountOptions = "discard=async,space_cache=v2"
+
+// loopFlags are the loop device's flags: autoclear (the device goes away
+// with the last unmount) and direct I/O to the backing file (no second copy
+// of every block in the host's page cache).
+var loopFlags uint32 = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+
+// defaultSize is 90% of the free space of dir's filesystem, at least 1 GiB.
+func defaultSize(dir string) (int64, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	n := int64(float64(fs.Bavail) * float64(fs.Bsize) * 0.9)
+	return max(n, minImageSize) &^ (1<<20 - 1), nil
+}
+
+// findMkfs finds mkfs.btrfs in PATH or the sbin directories (a daemon's
+// PATH may lack them).
+func findMkfs() (string, error) {
+	if p, err := exec.LookPath("mkfs.btrfs"); err == nil {
+		return p, nil
+	}
+	for _, d := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
+		p := filepath.Join(d, "mkfs.btrfs")
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errors.New("mkfs.btrfs not found (install btrfs-progs)")
+}
+
+// btrfsPossible says why a btrfs image cannot be used here, or "" if it can.
+func btrfsPossible() string {
+	if os.Geteuid() != 0 {
+		return "not root"
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		return "no loop devices (/dev/loop-control: " + errors.Unwrap(err).Error() + ")"
+	}
+	if b, err := os.ReadFile("/proc/filesystems"); err == nil && !bytes.Contains(b, []byte("\tbtrfs\n")) {
+		// The module may still load on mount; try it.
+		if _, err := exec.LookPath("modprobe"); err == nil {
+			_ = exec.Command("modprobe", "btrfs").Run()
+		}
+		if b, err := os.ReadFile("/proc/filesystems"); err == nil && !bytes.Contains(b, []byte("\tbtrfs\n")) {
+			return "the kernel has no btrfs"
+		}
+	}
+	if _, err := findMkfs(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// makeImage creates a sparse file of size bytes and formats it, at a
+// temporary name first so that a failure leaves no half-made image.
+func makeImage(image string, size int64) error {
+	if size < smallestImage {
+		return fmt.Errorf("mkfs.btrfs: image size %d is below the minimum %d", size, smallestImage)
+	}
+	mkfs, err := findMkfs()
+	if err != nil {
+		return fmt.Errorf("mkfs.btrfs: %w", err)
+	}
+	tmp := image + ".new"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create image: %w", err)
+	}
+	defer os.Remove(tmp)
+	// On a btrfs host, copy-on-write under a loop device only fragments.
+	_ = setNoCOW(int(f.Fd()))
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("create image: %w", err)
+	}
+	args := []string{"-q", "-f", "-L", "den"}
+	if size < mixedBelow {
+		args = append(args, "--mixed")
+	}
+	out, err := exec.Command(mkfs, append(args, tmp)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mkfs.btrfs: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	if err := os.Rename(tmp, image); err != nil {
+		return fmt.Errorf("create image: %w", err)
+	}
+	return nil
+}
+
+func setNoCOW(fd int) error {
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		return err
+	}
+	return unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsNOCOWFL))
+}
+
+// attachLoop binds image to a free loop device and returns an open
+// descriptor of the device; with autoclear, the device detaches when that
+// descriptor is closed and the filesystem on it is unmounted.
+func attachLoop(image string) (string, int, error) {
+	img, err := unix.Open(image, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", -1, fmt.Errorf("loop: open image: %w", err)
+	}
+	defer unix.Close(img)
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", -1, fmt.Errorf("loop: %w", err)
+	}
+	defer unix.Close(ctl)
+	var last error
+	for range 20 {
+		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return "", -1, fmt.Errorf("loop: LOOP_CTL_GET_FREE: %w", err)
+		}
+		dev := fmt.Sprintf("/dev/loop%d", n)
+		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			// A /dev without udev (a container): make the node.
+			if err = unix.Mknod(dev, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n)))); err == nil || errors.Is(err, unix.EEXIST) {
+				fd, err = unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			}
+		}
+		if err != nil {
+			return "", -1, fmt.Errorf("loop: open %s: %w", dev, err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(img), Size: 4096}
+		cfg.Info.Flags = loopFlags
+		copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], image)
+		err = unix.IoctlLoopConfigure(fd, &cfg)
+		if err != nil && cfg.Info.Flags&unix.LO_FLAGS_DIRECT_IO != 0 && errors.Is(err, unix.EINVAL) {
+			// A backing filesystem without O_DIRECT: buffered I/O.
+			cfg.Info.Flags &^= unix.LO_FLAGS_DIRECT_IO
+			err = unix.IoctlLoopConfigure(fd, &cfg)
+		}
+		if err == nil {
+			return dev, fd, nil
+		}
+		unix.Close(fd)
+		last = err
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // someone else took it first
+	}
+	return "", -1, fmt.Errorf("loop: LOOP_CONFIGURE: %w", last)
+}
+
+// mountImage attaches image to a loop device and mounts it at dir.
+func mountImage(image, dir string) error {
+	dev, fd, err := attachLoop(image)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd) // after the mount: autoclear then waits for the unmount
+	if err := unix.Mount(dev, dir, "btrfs", unix.MS_NOATIME, mountOptions); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", dev, dir, err)
+	}
+	return nil
+}
+
+// isMountedBtrfs reports whether dir is the root of a mounted btrfs.
+func isMountedBtrfs(dir string) bool {
+	var fs unix.Statfs_t
+	if unix.Statfs(dir, &fs) != nil || uint32(fs.Type) != unix.BTRFS_SUPER_MAGIC {
+		return false
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_INO, &st); err != nil {
+		return false
+	}
+	return st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+}
+
+const fsNOCOWFL = 0x00800000 // FS_NOCOW_FL, linux/fs.h

@@ -1,0 +1,349 @@
+package storage
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestIoctlLayouts(t *testing.T) {
+	for name, got := range map[string]uintptr{
+		"btrfs_ioctl_vol_args":                 unsafe.Sizeof(btrfsVolArgs{}),
+		"btrfs_ioctl_vol_args_v2":              unsafe.Sizeof(btrfsVolArgsV2{}),
+		"btrfs_ioctl_ino_lookup_args":          unsafe.Sizeof(btrfsInoLookupArgs{}),
+		"btrfs_ioctl_get_subvol_rootref_args":  unsafe.Sizeof(btrfsSubvolRootrefArgs{}),
+		"btrfs_ioctl_ino_lookup_user_args":     unsafe.Sizeof(btrfsInoLookupUserArgs{}),
+		"btrfs_ioctl_fs_info_args":             unsafe.Sizeof(btrfsFsInfoArgs{}) * 4,
+		"btrfs_ioctl_qgroup_limit_args (x128)": unsafe.Sizeof(btrfsQgroupLimitArgs{}) * 4096 / 48,
+	} {
+		if got != 4096 {
+			t.Errorf("%s: size %d, want 4096", name, got)
+		}
+	}
+	// Two numbers from the kernel's headers, to check ioc().
+	if iocSnapCreateV2 != 0x50009417 || iocQuotaCtl != 0xc0109428 {
+		t.Errorf("ioctl numbers %#x %#x", iocSnapCreateV2, iocQuotaCtl)
+	}
+}
+
+// newBtrfs opens a store on a new image of size bytes in a temporary
+// directory, unmounted when the test ends; it skips the test where btrfs
+// cannot be used.
+func newBtrfs(t testing.TB, size int64) *Store {
+	t.Helper()
+	if why := btrfsPossible(); why != "" {
+		t.Skip("btrfs storage impossible here: " + why)
+	}
+	s, err := Open(Config{Dir: t.TempDir(), Size: size, Mode: "btrfs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Unmount(); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return s
+}
+
+func writeFile(t testing.TB, path string, size int, seed byte) {
+	t.Helper()
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(i*7) ^ seed
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func syncFS(t testing.TB, s *Store) {
+	t.Helper()
+	fd, err := openDir(s.Root())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBtrfsSubvolumes(t *testing.T) {
+	s := newBtrfs(t, 512<<20)
+	if s.Kind() != "btrfs" || s.Root() == "" || !strings.HasSuffix(s.Root(), "/fs") {
+		t.Fatalf("kind %q root %q", s.Kind(), s.Root())
+	}
+	t.Logf("quota mode %q, why %q", s.QuotaMode(), s.Why())
+	a := filepath.Join(s.Root(), "a")
+	if err := s.Create(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(a); !errors.Is(err, os.ErrExist) {
+		t.Errorf("create again: %v, want ErrExist", err)
+	}
+	if sub, _ := isSubvolume(a); !sub {
+		t.Fatal("a is not a subvolume")
+	}
+	os.WriteFile(filepath.Join(a, "f"), []byte("one"), 0o644)
+
+	snap := filepath.Join(s.Root(), "snap")
+	fork := filepath.Join(s.Root(), "fork")
+	if err := s.Snapshot(a, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(snap, fork, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(a, fork, false); err == nil || !errors.Is(err, os.ErrExist) || !strings.HasPrefix(err.Error(), "snapshot ") {
+		t.Errorf("snapshot onto an existing path: %v", err)
+	}
+	// Independence: the source, the snapshot and the fork change apart.
+	os.WriteFile(filepath.Join(a, "f"), []byte("two"), 0o644)
+	os.WriteFile(filepath.Join(a, "new"), nil, 0o644)
+	os.WriteFile(filepath.Join(fork, "f"), []byte("three"), 0o644)
+	if got := readFile(t, filepath.Join(snap, "f")); got != "one" {
+		t.Errorf("snapshot sees %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(snap, "new")); err == nil {
+		t.Error("snapshot sees a file created after it")
+	}
+	if got := readFile(t, filepath.Join(a, "f")); got != "two" {
+		t.Errorf("source sees %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(snap, "f"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write into a read-only snapshot: %v", err)
+	}
+
+	// Delete takes nested subvolumes, read-only ones and a read-only parent.
+	if err := s.Create(filepath.Join(a, "inner")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(filepath.Join(a, "inner", "deeper")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(filepath.Join(a, "inner"), filepath.Join(a, "inner", "ro"), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(a, filepath.Join(s.Root(), "ro-with-kids"), true); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(s.Root(), "plain", "dir"), 0o755)
+	if err := s.Snapshot(a, filepath.Join(s.Root(), "plain", "dir", "sub"), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(filepath.Join(s.Root(), "ro-with-kids", "x")); !errors.Is(err, unix.EROFS) {
+		t.Errorf("create in a read-only snapshot: %v", err)
+	}
+	for _, p := range []string{a, snap, fork, filepath.Join(s.Root(), "ro-with-kids"), filepath.Join(s.Root(), "plain")} {
+		if err := s.Delete(p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s still there: %v", p, err)
+		}
+		if err := s.Delete(p); err != nil {
+			t.Errorf("delete again: %v", err)
+		}
+	}
+	if ents, _ := os.ReadDir(s.Root()); len(ents) != 0 {
+		t.Errorf("left in root: %v", ents)
+	}
+}
+
+func TestPaths(t *testing.T) {
+	s, err := Open(Config{Dir: t.TempDir(), Mode: "dir"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink("/tmp", filepath.Join(s.Root(), "out"))
+	for _, p := range []string{"rel", s.Root(), filepath.Dir(s.Root()), s.Root() + "/../x", s.Root() + "/out/x", "/etc/x"} {
+		if err := s.Create(p); err == nil || !strings.HasPrefix(err.Error(), "create ") {
+			t.Errorf("create %q: %v", p, err)
+		}
+	}
+	if err := s.Snapshot(s.Root()+"/nope", s.Root()+"/b", false); err == nil || !strings.Contains(err.Error(), "snapshot "+s.Root()+"/nope") {
+		t.Errorf("snapshot of a missing tree: %v", err)
+	}
+	if err := s.Delete(s.Root() + "/no/such/thing"); err != nil {
+		t.Errorf("delete of a missing tree: %v", err)
+	}
+	if err := s.SetQuota(s.Root()+"/x", 1<<20); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("dir-mode quota: %v", err)
+	}
+	if s.Kind() != "dir" || s.Quotas() || s.Why() == "" {
+		t.Errorf("dir store: kind %q quotas %v why %q", s.Kind(), s.Quotas(), s.Why())
+	}
+	if _, err := Open(Config{Dir: t.TempDir(), Mode: "zfs"}); err == nil {
+		t.Error("unknown mode accepted")
+	}
+}
+
+// TestAutoWithoutRoot: auto mode falls back to directories and says why.
+func TestAutoFallback(t *testing.T) {
+	if os.Geteuid() == 0 {
+		if _, err := findMkfs(); err == nil {
+			t.Skip("btrfs is possible here; the fallback is covered when not root")
+		}
+	}
+	s, err := Open(Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Kind() != "dir" || s.Why() == "" {
+		t.Errorf("kind %q why %q", s.Kind(), s.Why())
+	}
+}
+
+func TestBtrfsReopen(t *testing.T) {
+	s := newBtrfs(t, 256<<20)
+	dir := filepath.Dir(s.Root())
+	v := filepath.Join(s.Root(), "vol")
+	if err := s.Create(v); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(v, "data"), 3<<20, 1)
+
+	// Open while mounted: the mounted filesystem is used as it is.
+	s2, err := Open(Config{Dir: dir, Mode: "btrfs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2.Root() != s.Root() || s2.QuotaMode() != s.QuotaMode() {
+		t.Errorf("second open: root %q quotas %q", s2.Root(), s2.QuotaMode())
+	}
+	s2.Close()
+	if err := s.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(v); err == nil {
+		t.Fatal("still mounted")
+	}
+	// Auto mode re-mounts the existing image.
+	s3, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s3.Unmount() })
+	if s3.Kind() != "btrfs" {
+		t.Fatalf("re-open: kind %s (%s)", s3.Kind(), s3.Why())
+	}
+	b, err := os.ReadFile(filepath.Join(v, "data"))
+	if err != nil || len(b) != 3<<20 || b[12345] != byte(12345*7%256)^1 {
+		t.Fatalf("after re-open: %d bytes, %v", len(b), err)
+	}
+	if sub, _ := isSubvolume(v); !sub {
+		t.Error("vol is no longer a subvolume")
+	}
+}
+
+// fill writes up to n bytes of non-zero data to path and returns how many it
+// wrote and the error that stopped it (a write's or fsync's).
+func fill(path string, n int) (int, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := bytes.Repeat([]byte("den storage quota test\n"), 1<<16/23+1)[:1<<16]
+	done := 0
+	for done < n {
+		k, err := f.Write(buf)
+		done += k
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, f.Sync()
+}
+
+func TestBtrfsQuota(t *testing.T) {
+	s := newBtrfs(t, 512<<20)
+	if !s.Quotas() {
+		t.Fatalf("no quotas: %s", s.Why())
+	}
+	t.Logf("quota mode: %s", s.QuotaMode())
+	a, b := filepath.Join(s.Root(), "a"), filepath.Join(s.Root(), "b")
+	for _, p := range []string{a, b} {
+		if err := s.Create(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetQuota(a, 50<<20); err != nil {
+		t.Fatal(err)
+	}
+	n, err := fill(filepath.Join(a, "big"), 120<<20)
+	if !errors.Is(err, unix.EDQUOT) && !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("wrote %d bytes past a 50 MiB quota: %v", n, err)
+	}
+	t.Logf("a (50 MiB quota) stopped after %d MiB: %v", n>>20, err)
+	if n > 60<<20 {
+		t.Errorf("wrote %d MiB under a 50 MiB quota", n>>20)
+	}
+	if n, err := fill(filepath.Join(b, "big"), 100<<20); err != nil {
+		t.Fatalf("b (no quota) stopped after %d bytes: %v", n, err)
+	}
+	syncFS(t, s)
+	ua, _ := s.Usage(a)
+	ub, err := s.Usage(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("usage: a %d MiB, b %d MiB", ua>>20, ub>>20)
+	if ub < 100<<20 || ub > 110<<20 || ua > 60<<20 {
+		t.Errorf("usage a %d b %d", ua, ub)
+	}
+
+	// Lifting the limit lets a write again.
+	if err := s.SetQuota(a, 0); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(a, "big"))
+	if n, err := fill(filepath.Join(a, "big2"), 80<<20); err != nil {
+		t.Fatalf("a without quota stopped after %d bytes: %v", n, err)
+	}
+
+	// What a snapshot that shares all its extents with its source costs.
+	snap := filepath.Join(s.Root(), "b-snap")
+	if err := s.Snapshot(b, snap, false); err != nil {
+		t.Fatal(err)
+	}
+	syncFS(t, s)
+	us, _ := s.Usage(snap)
+	ub2, _ := s.Usage(b)
+	t.Logf("%s: snapshot of b: usage %d KiB; b now %d MiB", s.QuotaMode(), us>>10, ub2>>20)
+	if s.QuotaMode() == "squota" && us > 1<<20 {
+		t.Errorf("squota: a snapshot sharing everything uses %d bytes", us)
+	}
+	// The fork is limited on what it writes itself.
+	if err := s.SetQuota(snap, 20<<20); err != nil {
+		t.Fatal(err)
+	}
+	n, err = fill(filepath.Join(snap, "more"), 60<<20)
+	t.Logf("fork with a 20 MiB quota stopped after %d MiB: %v", n>>20, err)
+	if err == nil {
+		t.Error("fork wrote past its quota")
+	}
+	if err := s.SetQuota(filepath.Join(s.Root(), "nope"), 1); err == nil {
+		t.Error("quota on a missing path")
+	}
+	os.Mkdir(filepath.Join(s.Root(), "plain"), 0o755)
+	if err := s.SetQuota(filepath.Join(s.Root(), "plain"), 1<<20); err == nil || !strings.Contains(err.Error(), "not a subvolume") {
+		t.Errorf("quota on a plain directory: %v", err)
+	}
+}
