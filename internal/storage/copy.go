@@ -57,7 +57,15 @@ func (c *copier) dir(src, dst string) error {
 	return nil
 }
 
+// copyFault, when set (by tests), fails the copy of the paths it errors on.
+var copyFault func(src string) error
+
 func (c *copier) entry(s, d string, st *unix.Stat_t) error {
+	if copyFault != nil {
+		if err := copyFault(s); err != nil {
+			return &os.PathError{Op: "copy", Path: s, Err: err}
+		}
+	}
 	typ := st.Mode & unix.S_IFMT
 	if typ != unix.S_IFDIR && st.Nlink > 1 {
 		id := fileID{st.Dev, st.Ino}
