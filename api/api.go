@@ -18,6 +18,10 @@ const (
 	StateRunning  = "running"
 	StateStopped  = "stopped"
 	StateRemoving = "removing"
+	// StatePaused: every process frozen, memory kept; any use resumes it.
+	StatePaused = "paused"
+	// StateHibernated: memory freed, files kept; any use resumes it.
+	StateHibernated = "hibernated"
 )
 
 // Sandbox is the record of one sandbox.
@@ -37,8 +41,25 @@ type Sandbox struct {
 	// IdleTimeout stops the sandbox after this long without exec, file or
 	// process activity through the API (files and processes stay; start
 	// it again with den start).
-	IdleTimeout Duration      `json:"idle_timeout,omitempty"`
-	Network     NetworkPolicy `json:"network"`
+	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	// IdleAction is what the idle timeout does: stop (the default), pause
+	// or hibernate.
+	IdleAction string        `json:"idle_action,omitempty"`
+	Network    NetworkPolicy `json:"network"`
+	// Volumes and Mounts are attached at every start.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	Mounts  []BindMount   `json:"mounts,omitempty"`
+	// From is the snapshot the sandbox was created from, ForkOf the
+	// sandbox it was forked from.
+	From   string `json:"from,omitempty"`
+	ForkOf string `json:"fork_of,omitempty"`
+	// DiskUsed is the bytes the sandbox's writable layer holds (as of the
+	// last reading).
+	DiskUsed Size `json:"disk_used,omitempty"`
+	// Resumed says how the last resume went: "thawed" (a pause ended,
+	// processes continued), "restored" (memory came back from a
+	// checkpoint) or "restarted" (files kept, processes started anew).
+	Resumed string `json:"resumed,omitempty"`
 	// Address is the sandbox's address on den's bridge (networked modes).
 	Address string `json:"address,omitempty"`
 	// Usage is what the sandbox has used over its whole life, for billing
@@ -56,6 +77,9 @@ type Limits struct {
 	CPUs   float64 `json:"cpus,omitempty"`
 	Memory Size    `json:"memory,omitempty"`
 	Pids   int     `json:"pids,omitempty"`
+	// Disk caps the bytes the sandbox's writable layer may hold, enforced
+	// by the kernel (writes past it fail with a quota error inside).
+	Disk Size `json:"disk,omitempty"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes.
@@ -69,8 +93,15 @@ type CreateRequest struct {
 	Limits  Limits            `json:"limits,omitzero"`
 	TTL     Duration          `json:"ttl,omitempty"`
 	// IdleTimeout: see Sandbox.IdleTimeout.
-	IdleTimeout Duration       `json:"idle_timeout,omitempty"`
-	Network     *NetworkPolicy `json:"network,omitempty"`
+	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	// IdleAction: see Sandbox.IdleAction.
+	IdleAction string         `json:"idle_action,omitempty"`
+	Network    *NetworkPolicy `json:"network,omitempty"`
+	// From creates the sandbox from a snapshot (its files, and its image,
+	// environment and limits unless the request sets them).
+	From    string        `json:"from,omitempty"`
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	Mounts  []BindMount   `json:"mounts,omitempty"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.

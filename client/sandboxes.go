@@ -69,6 +69,23 @@ func (c *Client) Start(ctx context.Context, id string) (*api.Sandbox, error) {
 	return c.sandboxCall(ctx, http.MethodPost, id, "/start")
 }
 
+// Pause freezes every process of a running sandbox; any later use of the
+// sandbox (exec, files, ports) resumes it.
+func (c *Client) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.sandboxCall(ctx, http.MethodPost, id, "/pause")
+}
+
+// Resume brings a paused or hibernated sandbox back; Sandbox.Resumed says
+// whether its processes continued or were started anew.
+func (c *Client) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.sandboxCall(ctx, http.MethodPost, id, "/resume")
+}
+
+// Hibernate frees a sandbox's memory and keeps its files.
+func (c *Client) Hibernate(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.sandboxCall(ctx, http.MethodPost, id, "/hibernate")
+}
+
 func (c *Client) sandboxCall(ctx context.Context, method, id, suffix string) (*api.Sandbox, error) {
 	p, err := sandboxPath(id, suffix)
 	if err != nil {

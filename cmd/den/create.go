@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/den-dev/den/api"
 )
@@ -32,6 +33,9 @@ type sandboxOpts struct {
 	memory                     api.Size
 	pids                       int
 	ttl, idleTimeout           api.Duration
+	idleAction, from           string
+	disk                       api.Size
+	volumes, mounts            []string
 	net                        netOpts
 }
 
@@ -46,6 +50,11 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(intValue{&o.pids}, "pids", "", "N", "limit on the number of processes")
 	f.Var(durationValue{&o.ttl}, "ttl", "", "DURATION", "remove the sandbox after this long, like 1h")
 	f.Var(durationValue{&o.idleTimeout}, "idle-timeout", "", "DURATION", "stop the sandbox after this long without exec, file or process activity, like 30m (files are kept; den start resumes it)")
+	f.Var(stringValue{&o.idleAction}, "idle-action", "", "ACTION", "what the idle timeout does: stop (default), pause (freeze, memory kept) or hibernate (memory freed, files kept); any use resumes the sandbox")
+	f.Var(sizeValue{&o.disk}, "disk", "", "SIZE", "disk quota of the sandbox's own files, like 10g (enforced by the kernel)")
+	f.Var(stringValue{&o.from}, "from", "", "SNAPSHOT", "start from a snapshot's files (and its image and settings unless flags say otherwise)")
+	f.Var(listValue{&o.volumes, checkVolume}, "volume", "v", "NAME:/PATH[:ro]", "attach a volume (den volume create; repeatable)")
+	f.Var(listValue{&o.mounts, checkMount}, "mount", "", "type=bind,src=DIR,dst=/PATH[,ro]", "bind a host directory the daemon allows (den serve --allow-mount; repeatable)")
 	f.Var(listValue{&o.labels, checkLabel}, "label", "l", "K=V", "set a label (repeatable)")
 	o.net.define(f)
 }
@@ -57,6 +66,16 @@ func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, err
 	if err != nil {
 		return api.CreateRequest{}, err
 	}
+	var vols []api.VolumeMount
+	for _, s := range o.volumes {
+		vm, _ := parseVolume(s)
+		vols = append(vols, vm)
+	}
+	var mounts []api.BindMount
+	for _, s := range o.mounts {
+		bm, _ := parseMount(s)
+		mounts = append(mounts, bm)
+	}
 	return api.CreateRequest{
 		Name:        o.name,
 		Image:       o.image,
@@ -64,10 +83,14 @@ func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, err
 		Env:         o.env,
 		Workdir:     o.workdir,
 		User:        o.user,
-		Limits:      api.Limits{CPUs: o.cpus, Memory: o.memory, Pids: o.pids},
+		Limits:      api.Limits{CPUs: o.cpus, Memory: o.memory, Pids: o.pids, Disk: o.disk},
 		TTL:         o.ttl,
 		IdleTimeout: o.idleTimeout,
+		IdleAction:  o.idleAction,
 		Network:     network,
+		From:        o.from,
+		Volumes:     vols,
+		Mounts:      mounts,
 	}, nil
 }
 
@@ -96,4 +119,59 @@ func cmdCreate(c *cli, v *verb, args []string) error {
 	}
 	_, err = fmt.Fprintln(c.stdout, sb.ID)
 	return err
+}
+
+// parseVolume reads NAME:/PATH[:ro|:rw].
+func parseVolume(s string) (api.VolumeMount, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || !strings.HasPrefix(parts[1], "/") {
+		return api.VolumeMount{}, fmt.Errorf("%q: want NAME:/PATH or NAME:/PATH:ro", s)
+	}
+	vm := api.VolumeMount{Name: parts[0], Path: parts[1]}
+	if len(parts) == 3 {
+		switch parts[2] {
+		case "ro":
+			vm.ReadOnly = true
+		case "rw":
+		default:
+			return api.VolumeMount{}, fmt.Errorf("%q: the third part must be ro or rw", s)
+		}
+	}
+	return vm, nil
+}
+
+func checkVolume(s string) (string, error) {
+	_, err := parseVolume(s)
+	return s, err
+}
+
+// parseMount reads Docker's --mount form: type=bind,src=DIR,dst=/PATH[,ro].
+func parseMount(s string) (api.BindMount, error) {
+	var bm api.BindMount
+	for _, kv := range strings.Split(s, ",") {
+		k, v, hasV := strings.Cut(kv, "=")
+		switch k {
+		case "type":
+			if v != "bind" {
+				return bm, fmt.Errorf("%q: only type=bind is supported (use --volume for volumes)", s)
+			}
+		case "src", "source":
+			bm.Source = v
+		case "dst", "destination", "target":
+			bm.Target = v
+		case "ro", "readonly":
+			bm.ReadOnly = !hasV || v == "true" || v == "1"
+		default:
+			return bm, fmt.Errorf("%q: unknown key %q (want type, src, dst, ro)", s, k)
+		}
+	}
+	if !strings.HasPrefix(bm.Source, "/") || !strings.HasPrefix(bm.Target, "/") {
+		return bm, fmt.Errorf("%q: src and dst must be absolute paths", s)
+	}
+	return bm, nil
+}
+
+func checkMount(s string) (string, error) {
+	_, err := parseMount(s)
+	return s, err
 }

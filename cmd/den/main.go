@@ -46,9 +46,11 @@ var verbs []*verb
 
 func init() {
 	verbs = []*verb{
-		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbRm, verbCp,
+		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbPause, verbResume, verbHibernate, verbRm, verbCp,
 		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
 		verbCommit,
+		verbSnapshot, verbSnapshotCreate, verbSnapshotLs, verbSnapshotInspect, verbSnapshotRm, verbRestore, verbFork,
+		verbVolume, verbVolumeCreate, verbVolumeLs, verbVolumeInspect, verbVolumeRm,
 		verbNet, verbNetSet, verbNetShow, verbNetLog,
 		verbSecret, verbSecretSet, verbSecretLs, verbSecretRm,
 		verbPort, verbPortLs, verbPortRm, verbForward,

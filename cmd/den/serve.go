@@ -26,6 +26,7 @@ import (
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
+	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/store"
 )
 
@@ -61,6 +62,10 @@ func cmdServe(args []string) error {
 	subnet := fs.String("subnet", "10.88.0.0/16", "IPv4 subnet of the sandbox bridge")
 	previewDomain := fs.String("preview-domain", "", "serve shared ports as PORT-ID.DOMAIN too (point *.DOMAIN at a TCP --listen address)")
 	warm := fs.Int("warm", 2, "fresh host-image sandboxes kept booted so creates are instant (0 = none)")
+	storageMode := fs.String("storage", "auto", "where sandbox files live: btrfs (a filesystem den manages in DATA/storage.img, mounted at DATA/fs: instant snapshots and forks, disk quotas), dir (plain directories: snapshots copy, no quotas) or auto (btrfs when possible)")
+	storageSize := fs.String("storage-size", "", "size of a new DATA/storage.img, like 200g (default: 90% of the free space where DATA is; the file is sparse)")
+	var allowMounts listenFlag
+	fs.Var(&allowMounts, "allow-mount", "host directory sandboxes may bind-mount with --mount (repeatable; none by default)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -76,6 +81,14 @@ func cmdServe(args []string) error {
 	mem, err := api.ParseSize(*defMem)
 	if err != nil {
 		return &usageError{verb: "serve", msg: "--default-memory: " + err.Error()}
+	}
+	var stSize int64
+	if *storageSize != "" {
+		n, err := api.ParseSize(*storageSize)
+		if err != nil {
+			return &usageError{verb: "serve", msg: "--storage-size: " + err.Error()}
+		}
+		stSize = int64(n)
 	}
 	if len(listens) == 0 {
 		listens = listenFlag{"unix://" + filepath.Join(*runDir, "den.sock")}
@@ -102,6 +115,14 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
 	}
+	st, err := storage.Open(storage.Config{Dir: *data, Size: stSize, Mode: *storageMode})
+	if err != nil {
+		return fmt.Errorf("storage: %w", err)
+	}
+	defer st.Close()
+	if st.Kind() != "btrfs" {
+		log.Info("sandbox files in plain directories: snapshots copy files, no disk quotas", "why", st.Why())
+	}
 	var nw *linux.Network
 	if *netOn {
 		pfx, err := netip.ParsePrefix(*subnet)
@@ -122,7 +143,7 @@ func cmdServe(args []string) error {
 	cfg := sandbox.Config{
 		DataDir: *data, Runtime: rt, Store: db, Images: images, Log: log,
 		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs}, WarmPool: *warm,
-		PreviewDomain: *previewDomain,
+		PreviewDomain: *previewDomain, Storage: st, AllowMounts: allowMounts,
 	}
 	if nw != nil {
 		_, _, hp := nw.Ports()

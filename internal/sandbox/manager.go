@@ -5,6 +5,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -24,6 +25,7 @@ import (
 	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/store"
 )
 
@@ -41,7 +43,14 @@ type Config struct {
 	// WarmPool is how many fresh host-image sandboxes are kept booted and
 	// unclaimed, so a create only has to name one (0 = none).
 	WarmPool int
-	Log      *slog.Logger
+	// Storage keeps sandbox, snapshot and volume trees (btrfs subvolumes
+	// with quotas, or plain directories). Nil: plain directories under
+	// DataDir, no snapshots or quotas.
+	Storage *storage.Store
+	// AllowMounts are the host directories (and what is beneath them) that
+	// sandboxes may bind-mount with --mount.
+	AllowMounts []string
+	Log         *slog.Logger
 }
 
 // stateWarm marks a pooled, unclaimed sandbox; it is never shown to clients.
@@ -106,6 +115,13 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.WarmPool > 0 {
 		m.pool = make(chan *pooled, cfg.WarmPool)
 	}
+	if cfg.Storage == nil {
+		st, err := storage.Open(storage.Config{Dir: cfg.DataDir, Mode: "dir"})
+		if err != nil {
+			return nil, err
+		}
+		m.cfg.Storage = st
+	}
 	for _, d := range []string{m.sandboxesDir(), m.hostImageDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -123,7 +139,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-func (m *Manager) sandboxesDir() string { return filepath.Join(m.cfg.DataDir, "sandboxes") }
+func (m *Manager) sandboxesDir() string { return filepath.Join(m.storeRoot(), "sandboxes") }
 func (m *Manager) hostImageDir() string { return filepath.Join(m.cfg.DataDir, "images", "host") }
 
 // Close stops background work and removes the unclaimed pool. Running
@@ -184,7 +200,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.teardown(rec, nil)
 			continue
 		}
-		if rec.State != api.StateRunning && rec.State != api.StateCreating {
+		if rec.State != api.StateRunning && rec.State != api.StateCreating && rec.State != api.StatePaused {
 			continue
 		}
 		if l, ok := m.rt.(loader); ok && rec.Pid > 0 {
@@ -204,11 +220,13 @@ func (m *Manager) recover(ctx context.Context) error {
 			return err
 		}
 	}
+	m.recoverSnapshots(ctx)
 	// Storage whose record is gone: a removal the previous daemon did not finish.
 	ents, _ := os.ReadDir(m.sandboxesDir())
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.rt.Destroy(ctx, &isolate.Spec{ID: e.Name(), Dir: filepath.Join(m.sandboxesDir(), e.Name())})
+			m.rt.Destroy(ctx, &isolate.Spec{ID: e.Name()})
+			m.deleteTree(filepath.Join(m.sandboxesDir(), e.Name()))
 		}
 	}
 	m.wg.Wait()
@@ -362,6 +380,11 @@ func validateCreate(req *api.CreateRequest) error {
 	if len(req.User) > 256 {
 		return api.FieldError("user", "too long")
 	}
+	switch req.IdleAction {
+	case "", api.IdleStop, api.IdlePause, api.IdleHibernate:
+	default:
+		return api.FieldError("idle_action", "%q: use stop, pause or hibernate", req.IdleAction)
+	}
 	return validateLimits(req.Limits)
 }
 
@@ -394,8 +417,23 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	if err := validateCreate(&req); err != nil {
 		return nil, err
 	}
+	var snap *api.Snapshot
+	if req.From != "" {
+		var err error
+		if snap, err = m.fromSnapshot(ctx, &req); err != nil {
+			return nil, err
+		}
+	}
 	if req.Image == "" {
 		req.Image = HostImage
+	}
+	if req.Limits.Disk > 0 {
+		if !m.cfg.Storage.Quotas() {
+			return nil, api.FieldError("limits.disk", "disk quotas need den's managed filesystem (btrfs), which this daemon does not have: see den info")
+		}
+	}
+	if err := m.checkMounts(ctx, req.Volumes, req.Mounts); err != nil {
+		return nil, err
 	}
 	img, err := m.Image(ctx, req.Image)
 	if err != nil {
@@ -409,7 +447,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 			return nil, api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking: network mode %q is not available", req.Network.Mode)
 		}
 	}
-	if img.Name == HostImage && (req.Network == nil || !networked(*req.Network)) {
+	if img.Name == HostImage && snap == nil && req.Limits.Disk == 0 && len(req.Volumes) == 0 && len(req.Mounts) == 0 && (req.Network == nil || !networked(*req.Network)) {
 		if sb, err, ok := m.claim(ctx, &req); ok {
 			return sb, err
 		}
@@ -423,20 +461,36 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	m.applyRequest(rec, &req)
 	unlock := m.lock(id)
 	defer unlock()
+	if snap != nil {
+		rec.From = snap.ID
+	}
 	if err := m.put(ctx, rec); err != nil {
 		m.freeSlot(rec.UIDBase)
 		return nil, err
 	}
-	if err := m.boot(ctx, rec); err != nil {
-		spec, _ := m.spec(ctx, rec)
-		if spec != nil {
-			m.rt.Destroy(context.Background(), spec)
+	dir := filepath.Join(m.sandboxesDir(), id)
+	err = func() error {
+		if snap != nil {
+			if err := m.copyTree(m.snapshotDir(snap.ID), dir, false); err != nil {
+				return fmt.Errorf("copy snapshot: %w", err)
+			}
+			os.RemoveAll(filepath.Join(dir, "work"))
+		} else if err := m.newTree(dir); err != nil {
+			return fmt.Errorf("sandbox storage: %w", err)
 		}
+		if err := m.setQuota(dir, rec.Limits.Disk); err != nil {
+			return err
+		}
+		return m.boot(ctx, rec)
+	}()
+	if err != nil {
+		m.rt.Destroy(context.Background(), &isolate.Spec{ID: id, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slot})
+		m.deleteTree(dir)
 		m.db.DeleteSandbox(context.Background(), id)
 		m.freeSlot(rec.UIDBase)
 		return nil, err
 	}
-	m.event(id, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image})
+	m.event(id, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image, "from": rec.From})
 	return &rec.Sandbox, nil
 }
 
@@ -450,9 +504,13 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 	if err != nil {
 		return nil, err
 	}
+	mounts, err := m.mounts(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
 	return &isolate.Spec{
 		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),
-		Layers: layers, UIDBase: rec.UIDBase,
+		Layers: layers, UIDBase: rec.UIDBase, Mounts: mounts,
 		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536,
 		NetBandwidth: int64(rec.Network.Bandwidth),
 		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids},
@@ -522,12 +580,13 @@ func (m *Manager) watch(id string, b isolate.Box) {
 	}()
 }
 
-// Get returns one sandbox.
+// Get returns one sandbox, with its disk use as of now.
 func (m *Manager) Get(ctx context.Context, id string) (*api.Sandbox, error) {
 	rec, err := m.get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	rec.DiskUsed = api.Size(m.diskUsed(filepath.Join(m.sandboxesDir(), rec.ID)))
 	return &rec.Sandbox, nil
 }
 
@@ -561,6 +620,16 @@ func (m *Manager) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
 }
 
 func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
+	if err := m.haltLocked(ctx, rec, api.StateStopped); err != nil {
+		return err
+	}
+	return nil
+}
+
+// haltLocked ends every process of a sandbox, keeps its files and records
+// it in state (stopped or hibernated).
+func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) error {
+	m.thawLocked(rec)
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
@@ -572,17 +641,20 @@ func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
 			return fmt.Errorf("stop sandbox: %w", err)
 		}
 	}
-	if rec.State == api.StateStopped {
+	if rec.State == state {
 		return nil
 	}
-	rec.State, rec.Pid = api.StateStopped, 0
+	wasUp := rec.State == api.StateRunning || rec.State == api.StatePaused
+	rec.State, rec.Pid = state, 0
 	if err := m.put(ctx, rec); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	delete(m.meters, rec.ID)
 	m.mu.Unlock()
-	m.event(rec.ID, "sandbox.stop", nil)
+	if state == api.StateStopped && wasUp {
+		m.event(rec.ID, "sandbox.stop", nil)
+	}
 	return nil
 }
 
@@ -597,9 +669,16 @@ func (m *Manager) Start(ctx context.Context, id string) (*api.Sandbox, error) {
 	if rec, err = m.get(ctx, rec.ID); err != nil {
 		return nil, err
 	}
-	if rec.State == api.StateRunning {
+	switch rec.State {
+	case api.StateRunning:
+		return &rec.Sandbox, nil
+	case api.StatePaused, api.StateHibernated:
+		if err := m.resumeLocked(ctx, rec); err != nil {
+			return nil, err
+		}
 		return &rec.Sandbox, nil
 	}
+	rec.Resumed = ""
 	if err := m.boot(ctx, rec); err != nil {
 		return nil, err
 	}
@@ -618,9 +697,10 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	if rec, err = m.get(ctx, rec.ID); err != nil {
 		return err
 	}
-	if rec.State == api.StateRunning && !force {
-		return api.Errorf(api.KindConflict, "sandbox %s is running: stop it first or remove with force (den rm -f)", rec.ID[:12])
+	if (rec.State == api.StateRunning || rec.State == api.StatePaused) && !force {
+		return api.Errorf(api.KindConflict, "sandbox %s is %s: stop it first or remove with force (den rm -f)", rec.ID[:12], rec.State)
 	}
+	m.thawLocked(rec)
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
@@ -671,12 +751,24 @@ func (m *Manager) expireLoop() {
 	}
 }
 
-// Agent returns the agent client of a running sandbox.
-// Every use of a sandbox's agent counts as activity for its idle timeout.
+// Agent returns the agent client of a running sandbox, resuming it first
+// if it is paused or hibernated. Every use of a sandbox's agent counts as
+// activity for its idle timeout.
 func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *api.Sandbox, error) {
 	rec, err := m.get(ctx, id)
 	if err != nil {
 		return nil, nil, err
+	}
+	if rec.State == api.StatePaused || rec.State == api.StateHibernated {
+		unlock := m.lock(rec.ID)
+		rec, err = m.get(ctx, rec.ID)
+		if err == nil {
+			err = m.resumeLocked(ctx, rec)
+		}
+		unlock()
+		if err != nil {
+			return nil, nil, err
+		}
 	}
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
@@ -714,7 +806,8 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest) {
 	now := time.Now().UTC()
 	rec.Name, rec.Labels, rec.Env, rec.Workdir, rec.User = req.Name, req.Labels, req.Env, req.Workdir, req.User
 	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
-	rec.IdleTimeout = req.IdleTimeout
+	rec.IdleTimeout, rec.IdleAction = req.IdleTimeout, req.IdleAction
+	rec.Volumes, rec.Mounts = req.Volumes, req.Mounts
 	rec.Network = api.NetworkPolicy{Mode: api.NetNone}
 	if req.Network != nil {
 		rec.Network = *req.Network
@@ -834,6 +927,9 @@ func (m *Manager) bootPooled() (*pooled, error) {
 		return nil, err
 	}
 	spec, err := m.spec(ctx, rec)
+	if err == nil {
+		err = m.newTree(spec.Dir)
+	}
 	if err != nil {
 		m.db.DeleteSandbox(ctx, id)
 		m.freeSlot(rec.UIDBase)
@@ -858,9 +954,14 @@ func (m *Manager) teardown(rec *record, b isolate.Box) {
 	}
 	spec, err := m.spec(ctx, rec)
 	if err != nil {
-		spec = &isolate.Spec{ID: rec.ID, Dir: filepath.Join(m.sandboxesDir(), rec.ID)}
+		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536}
 	}
+	dir := filepath.Join(m.sandboxesDir(), rec.ID)
+	spec.Dir = "" // the storage backend removes it (a subvolume, maybe)
 	if err := m.rt.Destroy(ctx, spec); err != nil {
+		m.log.Warn("remove sandbox", "id", rec.ID, "err", err)
+	}
+	if err := m.deleteTree(dir); err != nil {
 		m.log.Warn("remove sandbox storage", "id", rec.ID, "err", err)
 	}
 	m.db.DeleteSandbox(ctx, rec.ID)
@@ -899,11 +1000,19 @@ func (m *Manager) stopIdle(now time.Time) {
 		if busy || now.Sub(last) < rec.IdleTimeout.D() {
 			continue
 		}
-		if _, err := m.Stop(context.Background(), id); err != nil {
-			m.log.Warn("idle stop", "id", id, "err", err)
+		switch rec.IdleAction {
+		case api.IdlePause:
+			_, err = m.Pause(context.Background(), id)
+		case api.IdleHibernate:
+			_, err = m.Hibernate(context.Background(), id)
+		default:
+			_, err = m.Stop(context.Background(), id)
+		}
+		if err != nil {
+			m.log.Warn("idle timeout", "id", id, "action", rec.IdleAction, "err", err)
 			continue
 		}
-		m.event(id, "sandbox.idle-stop", map[string]any{"idle": now.Sub(last).Round(time.Second).String()})
+		m.event(id, "sandbox.idle", map[string]any{"idle": now.Sub(last).Round(time.Second).String(), "action": cmp.Or(rec.IdleAction, api.IdleStop)})
 	}
 }
 

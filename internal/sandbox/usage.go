@@ -141,7 +141,7 @@ func (m *Manager) Stats(ctx context.Context, id string) (*api.Stats, error) {
 	out := &api.Stats{
 		ID: sb.ID, CPU: api.Duration(s.CPU), Memory: api.Size(s.Memory), MemoryLimit: sb.Limits.Memory,
 		Pids: s.Pids, PidsLimit: sb.Limits.Pids, NetRxBytes: s.NetRxBytes, NetTxBytes: s.NetTxBytes,
-		Disk: api.Size(dirSize(filepath.Join(m.sandboxesDir(), sb.ID, "upper"))),
+		Disk: api.Size(m.diskUsed(filepath.Join(m.sandboxesDir(), sb.ID))),
 	}
 	out.Usage, _ = m.usageOf(sb.ID)
 	return out, nil

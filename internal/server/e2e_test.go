@@ -26,6 +26,7 @@ import (
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
+	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/store"
 )
 
@@ -49,6 +50,10 @@ type env struct {
 	data string
 	rt   *linux.Runtime
 	pool int
+	// st and allow, when set before start, give the manager a storage
+	// backend and host directories sandboxes may mount.
+	st    *storage.Store
+	allow []string
 }
 
 var envSeq struct {
@@ -60,7 +65,11 @@ var envSeq struct {
 // server on a unix socket) in this process. It skips without root.
 func newEnv(t *testing.T) *env { return newEnvPool(t, 0) }
 
-func newEnvPool(t *testing.T, pool int) *env {
+func newEnvPool(t *testing.T, pool int) *env { return newEnvWith(t, pool, nil) }
+
+// newEnvWith is newEnv with a warm pool and a chance to set up the env
+// (its storage, allowed mounts) before the daemon starts.
+func newEnvWith(t *testing.T, pool int, setup func(e *env)) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("end-to-end tests need root (CI runs them as root)")
@@ -83,6 +92,9 @@ func newEnvPool(t *testing.T, pool int) *env {
 		t.Fatal(err)
 	}
 	e := &env{db: db, data: data, rt: rt, pool: pool}
+	if setup != nil {
+		setup(e)
+	}
 	e.start(t, imgs)
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -102,6 +114,7 @@ func (e *env) start(t *testing.T, imgs *image.Store) {
 	m, err := sandbox.New(context.Background(), sandbox.Config{
 		DataDir: e.data, Runtime: e.rt, Store: e.db, Images: imgs, Log: log,
 		Defaults: api.Limits{Memory: 512 << 20, Pids: 512}, WarmPool: e.pool,
+		Storage: e.st, AllowMounts: e.allow,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -806,9 +819,9 @@ func TestIdleTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		if sb.State == api.StateStopped {
-			evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: idle.ID, Type: "sandbox.idle-stop"})
+			evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: idle.ID, Type: "sandbox.idle"})
 			if len(evs) != 1 {
-				t.Fatalf("no idle-stop event: %v", evs)
+				t.Fatalf("no sandbox.idle event: %v", evs)
 			}
 			if s, _ := e.c.Get(ctx, busy.ID); s.State != api.StateRunning {
 				t.Fatal("the busy sandbox was stopped as idle")

@@ -81,6 +81,9 @@ func (s *Server) routes() {
 	h("GET /v1/sandboxes/{id}", byID(s.m.Get))
 	h("POST /v1/sandboxes/{id}/stop", byID(s.m.Stop))
 	h("POST /v1/sandboxes/{id}/start", byID(s.m.Start))
+	h("POST /v1/sandboxes/{id}/pause", byID(s.m.Pause))
+	h("POST /v1/sandboxes/{id}/resume", byID(s.m.Resume))
+	h("POST /v1/sandboxes/{id}/hibernate", byID(s.m.Hibernate))
 	h("DELETE /v1/sandboxes/{id}", s.remove)
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
 	h("GET /v1/sandboxes/{id}/files", s.proxy("GET", "/files", true))
@@ -123,6 +126,7 @@ func (s *Server) routes() {
 	h("POST /v1/images/prune", s.pruneImages)
 	h("POST /v1/sandboxes/{id}/commit", s.commit)
 	h("GET /v1/events", s.events)
+	s.snapshotRoutes()
 	h("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.KindNotFound, "no route %s %s: see GET /v1/openapi.json", r.Method, r.URL.Path))
 	})

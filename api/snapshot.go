@@ -1,0 +1,92 @@
+package api
+
+import "time"
+
+// Idle actions.
+const (
+	IdleStop      = "stop"
+	IdlePause     = "pause"
+	IdleHibernate = "hibernate"
+)
+
+// How a resume went (Sandbox.Resumed).
+const (
+	ResumedThawed    = "thawed"
+	ResumedRestored  = "restored"
+	ResumedRestarted = "restarted"
+)
+
+// Snapshot is a point-in-time copy of a sandbox's files (its writable
+// layers; never the image beneath, never its volumes).
+type Snapshot struct {
+	ID      string `json:"id"`
+	Name    string `json:"name,omitempty"`
+	Sandbox string `json:"sandbox"` // the sandbox it was taken of
+	Image   string `json:"image"`
+	// Size is the bytes the snapshot's files hold.
+	Size Size `json:"size"`
+	// Digest is the digest of the checksum manifest (every file's path,
+	// type, mode, owner and SHA-256), verified whenever the snapshot is used.
+	// Empty while the manifest is still being computed.
+	Digest    string    `json:"digest,omitempty"`
+	Files     int       `json:"files,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// Paused reports that the sandbox's processes were frozen for the
+	// capture (false when it was stopped or hibernated: nothing to freeze).
+	Paused bool `json:"paused"`
+	// The sandbox's settings, applied to sandboxes created from it.
+	Env     []string      `json:"env,omitempty"`
+	Workdir string        `json:"workdir,omitempty"`
+	User    string        `json:"user,omitempty"`
+	Limits  Limits        `json:"limits"`
+	Network NetworkPolicy `json:"network"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
+type SnapshotRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+// RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
+type RestoreRequest struct {
+	Snapshot string `json:"snapshot"`
+}
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
+type ForkRequest struct {
+	// Count is how many forks to make (1 to 64; default 1).
+	Count int `json:"count,omitempty"`
+	// Labels are set on every fork (the source's labels are not copied).
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// VolumeMount attaches a volume to a sandbox.
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"` // absolute, inside the sandbox
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// BindMount attaches a host directory the daemon's configuration allows.
+type BindMount struct {
+	Source   string `json:"source"` // host directory
+	Target   string `json:"target"` // absolute, inside the sandbox
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// Volume is persistent storage shared by sandboxes and outliving them.
+type Volume struct {
+	Name string `json:"name"`
+	// Size caps the volume's bytes (0: no cap).
+	Size      Size      `json:"size,omitempty"`
+	Used      Size      `json:"used"`
+	CreatedAt time.Time `json:"created_at"`
+	// UsedBy lists the sandboxes that mount it.
+	UsedBy []string `json:"used_by,omitempty"`
+}
+
+// VolumeRequest is the body of POST /v1/volumes.
+type VolumeRequest struct {
+	Name string `json:"name"`
+	Size Size   `json:"size,omitempty"`
+}

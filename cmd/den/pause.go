@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
+)
+
+var verbPause = &verb{
+	name:     "pause",
+	summary:  "freeze every process of sandboxes (no CPU used; memory, files and connections kept)",
+	synopsis: "[flags] ID...",
+	example:  "den pause web\nden exec web -- true   # any use resumes it",
+	run: func(c *cli, v *verb, args []string) error {
+		return c.eachSandbox(v, args, func(cl *client.Client, id string) (*api.Sandbox, error) {
+			return cl.Pause(context.Background(), id)
+		})
+	},
+}
+
+var verbResume = &verb{
+	name:     "resume",
+	summary:  "resume paused or hibernated sandboxes (prints how: thawed, restored or restarted)",
+	synopsis: "[flags] ID...",
+	example:  "den resume web",
+	run: func(c *cli, v *verb, args []string) error {
+		return c.eachSandbox(v, args, func(cl *client.Client, id string) (*api.Sandbox, error) {
+			sb, err := cl.Resume(context.Background(), id)
+			if err == nil && sb.Resumed != "" && !c.quietJSON(args) {
+				fmt.Fprintf(c.stderr, "%s: %s\n", sb.ID[:12], resumedText(sb.Resumed))
+			}
+			return sb, err
+		})
+	},
+}
+
+var verbHibernate = &verb{
+	name:     "hibernate",
+	summary:  "free sandboxes' memory and keep their files; any use resumes them",
+	synopsis: "[flags] ID...",
+	example:  "den hibernate web",
+	run: func(c *cli, v *verb, args []string) error {
+		return c.eachSandbox(v, args, func(cl *client.Client, id string) (*api.Sandbox, error) {
+			return cl.Hibernate(context.Background(), id)
+		})
+	},
+}
+
+func resumedText(how string) string {
+	switch how {
+	case api.ResumedThawed:
+		return "thawed (processes continued where they stopped)"
+	case api.ResumedRestored:
+		return "restored (processes came back from a memory checkpoint)"
+	case api.ResumedRestarted:
+		return "restarted (files kept; processes and services started anew)"
+	}
+	return how
+}
+
+// quietJSON reports whether args ask for JSON output (then only JSON goes
+// to stdout and nothing chatty to stderr either).
+func (c *cli) quietJSON(args []string) bool {
+	for _, a := range args {
+		if a == "--json" || a == "-json" {
+			return true
+		}
+	}
+	return false
+}

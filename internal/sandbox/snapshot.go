@@ -1,0 +1,550 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/storage"
+	"github.com/den-dev/den/internal/store"
+)
+
+// Snapshots are read-only copies of a sandbox's state directory (its
+// writable layers and its egress CA; never the image layers beneath, never
+// its volumes) taken by the storage backend: a btrfs snapshot when den
+// manages a btrfs filesystem (constant time, files shared until changed),
+// a full copy otherwise. A sandbox that runs is frozen for the instant of
+// the capture. The checksum manifest of the files is computed after the
+// capture, off the request path, and verified whenever the snapshot is used.
+
+const kindSnapshot = "snapshot"
+
+// MaxForks bounds one fork request.
+const MaxForks = 64
+
+func (m *Manager) snapshotsDir() string { return filepath.Join(m.storeRoot(), "snapshots") }
+func (m *Manager) manifestsDir() string { return filepath.Join(m.cfg.DataDir, "manifests") }
+func (m *Manager) snapshotDir(id string) string {
+	return filepath.Join(m.snapshotsDir(), id)
+}
+func (m *Manager) manifestPath(id string) string {
+	return filepath.Join(m.manifestsDir(), id+".json")
+}
+
+// SandboxesDir, SnapshotsDir and VolumesDir are where the trees live.
+func (m *Manager) SandboxesDir() string { return m.sandboxesDir() }
+func (m *Manager) SnapshotsDir() string { return m.snapshotsDir() }
+func (m *Manager) VolumesDir() string   { return m.volumesDir() }
+
+// ImageStore is the manager's image store.
+func (m *Manager) ImageStore() *image.Store { return m.images }
+
+// storeRoot is where sandbox, snapshot and volume trees live.
+func (m *Manager) storeRoot() string { return m.cfg.Storage.Root() }
+
+// Storage describes the storage backend, for den info.
+func (m *Manager) Storage() (kind, why string, quotas bool) {
+	return m.cfg.Storage.Kind(), m.cfg.Storage.Why(), m.cfg.Storage.Quotas()
+}
+
+// newTree makes a sandbox's (empty) state directory.
+func (m *Manager) newTree(dir string) error { return m.cfg.Storage.Create(dir) }
+
+// copyTree makes dst a copy of src (cheap on btrfs).
+func (m *Manager) copyTree(src, dst string, readonly bool) error {
+	return m.cfg.Storage.Snapshot(src, dst, readonly)
+}
+
+// deleteTree removes a state directory or snapshot. Idempotent.
+func (m *Manager) deleteTree(dir string) error { return m.cfg.Storage.Delete(dir) }
+
+// setQuota applies a sandbox's disk limit to its state directory.
+func (m *Manager) setQuota(dir string, bytes api.Size) error {
+	if bytes <= 0 {
+		return nil
+	}
+	if !m.cfg.Storage.Quotas() {
+		return api.Errorf(api.KindUnsupported, "disk quotas need den's managed filesystem (btrfs), which this daemon does not have: see den info")
+	}
+	return m.cfg.Storage.SetQuota(dir, int64(bytes))
+}
+
+// diskUsed is the bytes a tree holds.
+func (m *Manager) diskUsed(dir string) int64 {
+	if n, err := m.cfg.Storage.Usage(dir); err == nil {
+		return n
+	}
+	return dirSize(dir)
+}
+
+func (m *Manager) putSnapshot(ctx context.Context, s *api.Snapshot) error {
+	doc, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	err = m.db.PutObject(ctx, &store.Object{Kind: kindSnapshot, ID: s.ID, Name: s.Name, Owner: s.Sandbox, CreatedAt: s.CreatedAt, Doc: doc})
+	if errors.Is(err, store.ErrExists) {
+		return api.Errorf(api.KindExists, "a snapshot named %q already exists", s.Name)
+	}
+	return err
+}
+
+func (m *Manager) getSnapshot(ctx context.Context, idOrName string) (*api.Snapshot, error) {
+	if idOrName == "" {
+		return nil, api.FieldError("snapshot", "missing snapshot id or name")
+	}
+	o, err := m.db.GetObject(ctx, kindSnapshot, idOrName)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, api.Errorf(api.KindNotFound, "no snapshot %q", idOrName)
+	case errors.Is(err, store.ErrConflict):
+		return nil, api.Errorf(api.KindConflict, "%v: use more of the id", err)
+	case err != nil:
+		return nil, err
+	}
+	var s api.Snapshot
+	if err := json.Unmarshal(o.Doc, &s); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", o.ID, err)
+	}
+	return &s, nil
+}
+
+// Snapshots lists snapshots, of one sandbox when sandbox is not empty.
+func (m *Manager) Snapshots(ctx context.Context, sandbox string) ([]*api.Snapshot, error) {
+	owner := ""
+	if sandbox != "" {
+		rec, err := m.get(ctx, sandbox)
+		if err != nil {
+			return nil, err
+		}
+		owner = rec.ID
+	}
+	objs, err := m.db.ListObjects(ctx, kindSnapshot, owner)
+	if err != nil {
+		return nil, err
+	}
+	out := []*api.Snapshot{}
+	for _, o := range objs {
+		var s api.Snapshot
+		if json.Unmarshal(o.Doc, &s) == nil {
+			out = append(out, &s)
+		}
+	}
+	return out, nil
+}
+
+// GetSnapshot returns one snapshot.
+func (m *Manager) GetSnapshot(ctx context.Context, idOrName string) (*api.Snapshot, error) {
+	return m.getSnapshot(ctx, idOrName)
+}
+
+// RemoveSnapshot deletes a snapshot. Sandboxes made from it keep their files.
+func (m *Manager) RemoveSnapshot(ctx context.Context, idOrName string) error {
+	s, err := m.getSnapshot(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock("snapshot:" + s.ID)
+	defer unlock()
+	if err := m.db.DeleteObject(ctx, kindSnapshot, s.ID); err != nil {
+		return err
+	}
+	os.Remove(m.manifestPath(s.ID))
+	if err := m.deleteTree(m.snapshotDir(s.ID)); err != nil {
+		m.log.Warn("remove snapshot files", "id", s.ID, "err", err)
+	}
+	m.event(s.Sandbox, "snapshot.remove", map[string]any{"snapshot": s.ID})
+	return nil
+}
+
+// frozen runs fn with the sandbox's processes frozen if it is running, so
+// that what fn copies is one instant of the sandbox's files. Call with the
+// sandbox locked. It reports whether a freeze happened.
+func (m *Manager) frozen(ctx context.Context, rec *record, fn func() error) (bool, error) {
+	if rec.State != api.StateRunning {
+		return rec.State == api.StatePaused, fn()
+	}
+	p, ok := m.box(rec.ID).(pauser)
+	if !ok {
+		return false, api.Errorf(api.KindUnsupported, "the %s runtime cannot freeze a sandbox for a consistent copy: stop it first", m.rt.Name())
+	}
+	if err := p.Pause(ctx); err != nil {
+		return false, fmt.Errorf("freeze for the capture: %w", err)
+	}
+	err := fn()
+	if rerr := p.Resume(context.Background()); rerr != nil && err == nil {
+		err = fmt.Errorf("thaw after the capture: %w", rerr)
+	}
+	return true, err
+}
+
+// Snapshot captures a sandbox's files.
+func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (*api.Snapshot, error) {
+	if req.Name != "" && !validName(req.Name) {
+		return nil, api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
+	}
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if req.Name != "" {
+		if _, err := m.db.GetObject(ctx, kindSnapshot, req.Name); err == nil {
+			return nil, api.Errorf(api.KindExists, "a snapshot named %q already exists", req.Name)
+		}
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return nil, err
+	}
+	snap := &api.Snapshot{
+		ID: newID(), Name: req.Name, Sandbox: rec.ID, Image: rec.Image, CreatedAt: time.Now().UTC(),
+		Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
+	}
+	if err := os.MkdirAll(m.snapshotsDir(), 0o700); err != nil {
+		return nil, err
+	}
+	dir := m.snapshotDir(snap.ID)
+	start := time.Now()
+	snap.Paused, err = m.frozen(ctx, rec, func() error {
+		return m.copyTree(filepath.Join(m.sandboxesDir(), rec.ID), dir, true)
+	})
+	if err != nil {
+		m.deleteTree(dir)
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	took := time.Since(start)
+	snap.Size = api.Size(m.diskUsed(dir))
+	if err := m.putSnapshot(ctx, snap); err != nil {
+		m.deleteTree(dir)
+		return nil, err
+	}
+	m.event(rec.ID, "snapshot.create", map[string]any{"snapshot": snap.ID, "name": snap.Name, "ms": float64(took.Microseconds()) / 1000})
+	m.sealAsync(snap.ID)
+	return snap, nil
+}
+
+// sealing tracks manifests being computed: snapshot id → done channel.
+var sealing sync.Map
+
+// sealAsync computes a snapshot's checksum manifest in the background.
+func (m *Manager) sealAsync(id string) {
+	done := make(chan struct{})
+	if _, loaded := sealing.LoadOrStore(id, done); loaded {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer func() { sealing.Delete(id); close(done) }()
+		if err := m.seal(context.Background(), id); err != nil {
+			m.log.Warn("snapshot manifest", "id", id, "err", err)
+		}
+	}()
+}
+
+func (m *Manager) seal(ctx context.Context, id string) error {
+	man, err := storage.BuildManifest(ctx, filepath.Join(m.snapshotDir(id), "upper"))
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(man)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(m.manifestsDir(), 0o700); err != nil {
+		return err
+	}
+	tmp := m.manifestPath(id) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, m.manifestPath(id)); err != nil {
+		return err
+	}
+	unlock := m.lock("snapshot:" + id)
+	defer unlock()
+	s, err := m.getSnapshot(ctx, id)
+	if err != nil {
+		return nil // removed meanwhile
+	}
+	s.Digest, s.Files = man.Digest, len(man.Entries)
+	return m.putSnapshot(ctx, s)
+}
+
+// verified waits for a snapshot's manifest and checks its files against it.
+func (m *Manager) verified(ctx context.Context, s *api.Snapshot) error {
+	if ch, ok := sealing.Load(s.ID); ok {
+		select {
+		case <-ch.(chan struct{}):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	b, err := os.ReadFile(m.manifestPath(s.ID))
+	if err != nil {
+		return api.Errorf(api.KindConflict, "snapshot %s has no checksum manifest yet (%v): try again shortly", s.ID[:12], err)
+	}
+	var man storage.Manifest
+	if err := json.Unmarshal(b, &man); err != nil {
+		return fmt.Errorf("snapshot %s manifest: %w", s.ID[:12], err)
+	}
+	if s.Digest != "" && man.Digest != s.Digest {
+		return api.Errorf(api.KindConflict, "snapshot %s: manifest digest %s does not match the recorded %s", s.ID[:12], man.Digest, s.Digest)
+	}
+	if err := man.Verify(ctx, filepath.Join(m.snapshotDir(s.ID), "upper")); err != nil {
+		return api.Errorf(api.KindConflict, "snapshot %s failed verification: %v", s.ID[:12], err)
+	}
+	return nil
+}
+
+// Restore rolls a sandbox back to a snapshot of its image, in place: its
+// processes are stopped, its files replaced, and it is started again if it
+// was running.
+func (m *Manager) Restore(ctx context.Context, id string, req api.RestoreRequest) (*api.Sandbox, error) {
+	snap, err := m.getSnapshot(ctx, req.Snapshot)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if snap.Image != rec.Image {
+		return nil, api.Errorf(api.KindConflict, "snapshot %s is of image %q and sandbox %s runs %q: create a new sandbox with den create --from %s", snap.ID[:12], snap.Image, rec.ID[:12], rec.Image, snap.ID[:12])
+	}
+	if err := m.verified(ctx, snap); err != nil {
+		return nil, err
+	}
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		return nil, err
+	}
+	wasUp := rec.State == api.StateRunning || rec.State == api.StatePaused
+	if wasUp {
+		if err := m.haltLocked(ctx, rec, api.StateStopped); err != nil {
+			return nil, err
+		}
+	}
+	dir := filepath.Join(m.sandboxesDir(), rec.ID)
+	if err := m.replaceTree(dir, m.snapshotDir(snap.ID), rec.Limits.Disk); err != nil {
+		return nil, err
+	}
+	m.event(rec.ID, "snapshot.restore", map[string]any{"snapshot": snap.ID})
+	if wasUp {
+		rec.Resumed = ""
+		if err := m.boot(ctx, rec); err != nil {
+			return nil, err
+		}
+	}
+	return &rec.Sandbox, nil
+}
+
+// replaceTree swaps dir for a writable copy of snapshot src: the copy is
+// made beside it first, so a failure leaves dir as it was.
+func (m *Manager) replaceTree(dir, src string, quota api.Size) error {
+	next, old := dir+".next", dir+".old"
+	m.deleteTree(next)
+	if err := m.copyTree(src, next, false); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	os.RemoveAll(filepath.Join(next, "work"))
+	if err := m.setQuota(next, quota); err != nil {
+		m.deleteTree(next)
+		return err
+	}
+	m.deleteTree(old)
+	if err := os.Rename(dir, old); err != nil && !errors.Is(err, os.ErrNotExist) {
+		m.deleteTree(next)
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := os.Rename(next, dir); err != nil {
+		os.Rename(old, dir)
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := m.deleteTree(old); err != nil {
+		m.log.Warn("remove replaced files", "dir", old, "err", err)
+	}
+	return nil
+}
+
+// Fork makes count new sandboxes from a sandbox's current files, each
+// independent of the others and of the source, which keeps running. They
+// start with the source's image, settings, services and volumes.
+func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*api.Sandbox, error) {
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	if req.Count < 1 || req.Count > MaxForks {
+		return nil, api.FieldError("count", "%d is out of range 1-%d", req.Count, MaxForks)
+	}
+	if err := validateCreate(&api.CreateRequest{Labels: req.Labels}); err != nil {
+		return nil, err
+	}
+	src, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(src.ID)
+	if src, err = m.get(ctx, src.ID); err != nil {
+		unlock()
+		return nil, err
+	}
+	var recs []*record
+	release := func() {
+		for _, r := range recs {
+			m.deleteTree(filepath.Join(m.sandboxesDir(), r.ID))
+			m.freeSlot(r.UIDBase)
+		}
+	}
+	for i := 0; i < req.Count; i++ {
+		nid := newID()
+		slot, err := m.allocSlot(nid)
+		if err != nil {
+			unlock()
+			release()
+			return nil, err
+		}
+		r := &record{Sandbox: src.Sandbox, UIDBase: uidStart + slot*65536, Services: src.Services}
+		r.ID, r.Name, r.Labels, r.ForkOf, r.From = nid, "", req.Labels, src.ID, ""
+		r.Hostname, r.Address, r.Pid, r.Usage, r.Resumed = nid[:12], "", 0, api.Usage{}, ""
+		r.CreatedAt = time.Now().UTC()
+		r.ExpiresAt = time.Time{}
+		if r.TTL > 0 {
+			r.ExpiresAt = r.CreatedAt.Add(r.TTL.D())
+		}
+		recs = append(recs, r)
+	}
+	srcDir := filepath.Join(m.sandboxesDir(), src.ID)
+	start := time.Now()
+	_, err = m.frozen(ctx, src, func() error {
+		for _, r := range recs {
+			if err := m.copyTree(srcDir, filepath.Join(m.sandboxesDir(), r.ID), false); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	unlock()
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+	copied := time.Since(start)
+	out := make([]*api.Sandbox, 0, len(recs))
+	for i, r := range recs {
+		dir := filepath.Join(m.sandboxesDir(), r.ID)
+		os.RemoveAll(filepath.Join(dir, "work"))
+		err := m.setQuota(dir, r.Limits.Disk)
+		if err == nil {
+			err = m.createFrom(ctx, r)
+		}
+		if err != nil {
+			recs = recs[i:]
+			release()
+			for _, sb := range out {
+				m.Remove(context.Background(), sb.ID, true)
+			}
+			return nil, err
+		}
+		m.event(r.ID, "sandbox.create", map[string]any{"image": r.Image, "fork_of": src.ID})
+		out = append(out, &r.Sandbox)
+	}
+	m.event(src.ID, "sandbox.fork", map[string]any{"count": len(out), "copy_ms": float64(copied.Microseconds()) / 1000})
+	return out, nil
+}
+
+// createFrom records and boots a sandbox whose state directory is ready.
+func (m *Manager) createFrom(ctx context.Context, rec *record) error {
+	unlock := m.lock(rec.ID)
+	defer unlock()
+	rec.State = api.StateCreating
+	if err := m.put(ctx, rec); err != nil {
+		return err
+	}
+	if err := m.boot(ctx, rec); err != nil {
+		m.db.DeleteSandbox(context.Background(), rec.ID)
+		return err
+	}
+	return nil
+}
+
+// fromSnapshot fills a create request's unset fields from a snapshot and
+// returns the snapshot.
+func (m *Manager) fromSnapshot(ctx context.Context, req *api.CreateRequest) (*api.Snapshot, error) {
+	snap, err := m.getSnapshot(ctx, req.From)
+	if err != nil {
+		return nil, err
+	}
+	if req.Image != "" && req.Image != snap.Image {
+		return nil, api.FieldError("image", "snapshot %s is of image %q, not %q (a snapshot holds only the changes above its image)", snap.ID[:12], snap.Image, req.Image)
+	}
+	req.Image = snap.Image
+	if req.Env == nil {
+		req.Env = snap.Env
+	}
+	if req.Workdir == "" {
+		req.Workdir = snap.Workdir
+	}
+	if req.User == "" {
+		req.User = snap.User
+	}
+	if req.Limits == (api.Limits{}) {
+		req.Limits = snap.Limits
+	}
+	if req.Network == nil {
+		n := snap.Network
+		req.Network = &n
+	}
+	if err := m.verified(ctx, snap); err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+// recoverSnapshots removes snapshot trees whose record is missing (a
+// capture the previous daemon did not finish) and finishes manifests.
+func (m *Manager) recoverSnapshots(ctx context.Context) {
+	objs, err := m.db.ListObjects(ctx, kindSnapshot, "")
+	if err != nil {
+		return
+	}
+	known := map[string]bool{}
+	for _, o := range objs {
+		known[o.ID] = true
+		if _, err := os.Stat(m.manifestPath(o.ID)); err != nil {
+			m.sealAsync(o.ID)
+		}
+	}
+	ents, _ := os.ReadDir(m.snapshotsDir())
+	for _, e := range ents {
+		if !known[e.Name()] {
+			m.deleteTree(filepath.Join(m.snapshotsDir(), e.Name()))
+		}
+	}
+	// A restore cut short: finish or undo the swap.
+	ents, _ = os.ReadDir(m.sandboxesDir())
+	for _, e := range ents {
+		name := e.Name()
+		switch {
+		case strings.HasSuffix(name, ".next"):
+			m.deleteTree(filepath.Join(m.sandboxesDir(), name))
+		case strings.HasSuffix(name, ".old"):
+			dir := filepath.Join(m.sandboxesDir(), strings.TrimSuffix(name, ".old"))
+			if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+				os.Rename(filepath.Join(m.sandboxesDir(), name), dir)
+			} else {
+				m.deleteTree(filepath.Join(m.sandboxesDir(), name))
+			}
+		}
+	}
+}

@@ -1,0 +1,277 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/store"
+)
+
+// Volumes are directories (btrfs subvolumes, with their own quota) under
+// the storage root that sandboxes mount by name. Their files are kept with
+// the ids a sandbox sees (root inside = 0 on disk) and id-mapped into each
+// sandbox that mounts them, so several sandboxes share them as the same
+// users. Snapshots and forks never include volumes: a fork mounts the same
+// volumes as its source.
+
+const kindVolume = "volume"
+
+// MaxMounts bounds the volumes plus bind mounts of one sandbox.
+const MaxMounts = 32
+
+func (m *Manager) volumesDir() string          { return filepath.Join(m.storeRoot(), "volumes") }
+func (m *Manager) volumeDir(name string) string { return filepath.Join(m.volumesDir(), name) }
+
+// CreateVolume makes a volume.
+func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (*api.Volume, error) {
+	if !validName(req.Name) {
+		return nil, api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
+	}
+	if req.Size < 0 {
+		return nil, api.FieldError("size", "must not be negative")
+	}
+	if req.Size > 0 && !m.cfg.Storage.Quotas() {
+		return nil, api.FieldError("size", "volume quotas need den's managed filesystem (btrfs), which this daemon does not have: see den info")
+	}
+	unlock := m.lock("volume:" + req.Name)
+	defer unlock()
+	if _, err := m.db.GetObject(ctx, kindVolume, req.Name); err == nil {
+		return nil, api.Errorf(api.KindExists, "a volume named %q already exists", req.Name)
+	}
+	if err := os.MkdirAll(m.volumesDir(), 0o700); err != nil {
+		return nil, err
+	}
+	dir := m.volumeDir(req.Name)
+	m.deleteTree(dir) // a volume whose record a crash lost
+	if err := m.newTree(dir); err != nil {
+		return nil, fmt.Errorf("create volume: %w", err)
+	}
+	os.Chmod(dir, 0o755)
+	if err := m.setQuota(dir, req.Size); err != nil {
+		m.deleteTree(dir)
+		return nil, err
+	}
+	v := &api.Volume{Name: req.Name, Size: req.Size, CreatedAt: time.Now().UTC()}
+	doc, _ := json.Marshal(v)
+	if err := m.db.PutObject(ctx, &store.Object{Kind: kindVolume, ID: v.Name, Name: v.Name, CreatedAt: v.CreatedAt, Doc: doc}); err != nil {
+		m.deleteTree(dir)
+		return nil, err
+	}
+	m.event("", "volume.create", map[string]any{"volume": v.Name, "size": v.Size})
+	return v, nil
+}
+
+func (m *Manager) getVolume(ctx context.Context, name string) (*api.Volume, error) {
+	o, err := m.db.GetObject(ctx, kindVolume, name)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && o.ID != name) {
+		return nil, api.Errorf(api.KindNotFound, "no volume %q: create it with den volume create %s", name, name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var v api.Volume
+	if err := json.Unmarshal(o.Doc, &v); err != nil {
+		return nil, fmt.Errorf("volume %s: %w", name, err)
+	}
+	return &v, nil
+}
+
+// volumeUsers maps each volume name to the sandboxes that mount it.
+func (m *Manager) volumeUsers(ctx context.Context) (map[string][]string, error) {
+	all, err := m.db.ListSandboxes(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	users := map[string][]string{}
+	for _, s := range all {
+		rec, err := decodeRecord(s)
+		if err != nil {
+			continue
+		}
+		for _, v := range rec.Volumes {
+			users[v.Name] = append(users[v.Name], rec.ID)
+		}
+	}
+	return users, nil
+}
+
+// GetVolume returns a volume with its use.
+func (m *Manager) GetVolume(ctx context.Context, name string) (*api.Volume, error) {
+	v, err := m.getVolume(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	users, err := m.volumeUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v.UsedBy = users[v.Name]
+	v.Used = api.Size(m.diskUsed(m.volumeDir(v.Name)))
+	return v, nil
+}
+
+// Volumes lists every volume.
+func (m *Manager) Volumes(ctx context.Context) ([]*api.Volume, error) {
+	objs, err := m.db.ListObjects(ctx, kindVolume, "")
+	if err != nil {
+		return nil, err
+	}
+	users, err := m.volumeUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []*api.Volume{}
+	for _, o := range objs {
+		var v api.Volume
+		if json.Unmarshal(o.Doc, &v) != nil {
+			continue
+		}
+		v.UsedBy = users[v.Name]
+		v.Used = api.Size(m.diskUsed(m.volumeDir(v.Name)))
+		out = append(out, &v)
+	}
+	return out, nil
+}
+
+// RemoveVolume deletes a volume and its files; one a sandbox mounts is a
+// conflict.
+func (m *Manager) RemoveVolume(ctx context.Context, name string) error {
+	v, err := m.getVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock("volume:" + v.Name)
+	defer unlock()
+	users, err := m.volumeUsers(ctx)
+	if err != nil {
+		return err
+	}
+	if u := users[v.Name]; len(u) > 0 {
+		return api.Errorf(api.KindConflict, "volume %q is used by sandbox %s: remove the sandboxes that mount it first", v.Name, short(u[0]))
+	}
+	if err := m.db.DeleteObject(ctx, kindVolume, v.Name); err != nil {
+		return err
+	}
+	if err := m.deleteTree(m.volumeDir(v.Name)); err != nil {
+		m.log.Warn("remove volume files", "volume", v.Name, "err", err)
+	}
+	m.event("", "volume.remove", map[string]any{"volume": v.Name})
+	return nil
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// checkTarget validates a mount point inside a sandbox.
+func checkTarget(field, p string, seen map[string]bool) error {
+	if !strings.HasPrefix(p, "/") || strings.ContainsRune(p, 0) || len(p) > 1024 {
+		return api.FieldError(field, "%q is not an absolute path", p)
+	}
+	clean := path.Clean(p)
+	if clean != p && clean+"/" != p {
+		return api.FieldError(field, "%q is not a clean path (use %q)", p, clean)
+	}
+	if clean == "/" {
+		return api.FieldError(field, "cannot mount over /")
+	}
+	for _, bad := range []string{"/proc", "/sys", "/dev"} {
+		if clean == bad || strings.HasPrefix(clean, bad+"/") {
+			return api.FieldError(field, "cannot mount at %s (under %s)", clean, bad)
+		}
+	}
+	if seen[clean] {
+		return api.FieldError(field, "two mounts at %s", clean)
+	}
+	seen[clean] = true
+	return nil
+}
+
+// checkMounts validates a create request's volumes and bind mounts.
+func (m *Manager) checkMounts(ctx context.Context, vols []api.VolumeMount, binds []api.BindMount) error {
+	if len(vols)+len(binds) > MaxMounts {
+		return api.FieldError("volumes", "more than %d volumes and mounts", MaxMounts)
+	}
+	seen := map[string]bool{}
+	for i, v := range vols {
+		field := fmt.Sprintf("volumes[%d]", i)
+		if !validName(v.Name) {
+			return api.FieldError(field+".name", "%q is not a volume name", v.Name)
+		}
+		if _, err := m.getVolume(ctx, v.Name); err != nil {
+			return err
+		}
+		if err := checkTarget(field+".path", v.Path, seen); err != nil {
+			return err
+		}
+	}
+	for i, b := range binds {
+		field := fmt.Sprintf("mounts[%d]", i)
+		if _, err := m.allowedSource(b.Source); err != nil {
+			return api.FieldError(field+".source", "%v", err)
+		}
+		if err := checkTarget(field+".target", b.Target, seen); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allowedSource resolves a bind mount's host directory and checks it is
+// one the daemon allows (or beneath one).
+func (m *Manager) allowedSource(src string) (string, error) {
+	if len(m.cfg.AllowMounts) == 0 {
+		return "", errors.New("this daemon allows no host directories: start it with den serve --allow-mount DIR")
+	}
+	if !filepath.IsAbs(src) || strings.ContainsRune(src, 0) {
+		return "", fmt.Errorf("%q is not an absolute path", src)
+	}
+	real, err := filepath.EvalSymlinks(src)
+	if err != nil {
+		return "", fmt.Errorf("%q: %v", src, err)
+	}
+	if st, err := os.Stat(real); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("%q is not a directory", src)
+	}
+	for _, a := range m.cfg.AllowMounts {
+		ra, err := filepath.EvalSymlinks(a)
+		if err != nil {
+			continue
+		}
+		if real == ra || strings.HasPrefix(real, strings.TrimSuffix(ra, "/")+"/") {
+			return real, nil
+		}
+	}
+	return "", fmt.Errorf("%q is not under a directory the daemon allows (%s)", src, strings.Join(m.cfg.AllowMounts, ", "))
+}
+
+// mounts turns a sandbox's volumes and bind mounts into the runtime's.
+func (m *Manager) mounts(ctx context.Context, rec *record) ([]isolate.Mount, error) {
+	var out []isolate.Mount
+	for _, v := range rec.Volumes {
+		if _, err := m.getVolume(ctx, v.Name); err != nil {
+			return nil, err
+		}
+		out = append(out, isolate.Mount{Source: m.volumeDir(v.Name), Target: v.Path, ReadOnly: v.ReadOnly, IDMapped: true})
+	}
+	for _, b := range rec.Mounts {
+		src, err := m.allowedSource(b.Source)
+		if err != nil {
+			return nil, api.Errorf(api.KindConflict, "mount %s: %v", b.Target, err)
+		}
+		out = append(out, isolate.Mount{Source: src, Target: b.Target, ReadOnly: b.ReadOnly, IDMapped: true})
+	}
+	return out, nil
+}
