@@ -28,7 +28,7 @@ const kindVolume = "volume"
 // MaxMounts bounds the volumes plus bind mounts of one sandbox.
 const MaxMounts = 32
 
-func (m *Manager) volumesDir() string          { return filepath.Join(m.storeRoot(), "volumes") }
+func (m *Manager) volumesDir() string           { return filepath.Join(m.storeRoot(), "volumes") }
 func (m *Manager) volumeDir(name string) string { return filepath.Join(m.volumesDir(), name) }
 
 // CreateVolume makes a volume.
