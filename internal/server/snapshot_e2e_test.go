@@ -558,3 +558,42 @@ func TestSnapshotRecovery(t *testing.T) {
 		t.Fatalf("files after an interrupted restore: %q", got)
 	}
 }
+
+// TestDiskQuota: --disk is enforced by the kernel inside the sandbox, and
+// neither the host nor another sandbox is affected.
+func TestDiskQuota(t *testing.T) {
+	e := newBtrfsEnv(t)
+	ctx := context.Background()
+	small := e.create(t, api.CreateRequest{Limits: api.Limits{Disk: 64 << 20}})
+	other := e.create(t, api.CreateRequest{})
+	r := e.sh(t, small.ID, "dd if=/dev/zero of=/root/big bs=1M count=100 2>&1; echo rc=$?; sync")
+	out := string(r.Stdout)
+	if !strings.Contains(out, "rc=1") || !(strings.Contains(out, "quota exceeded") || strings.Contains(out, "No space left")) {
+		t.Fatalf("writing past the quota: %q", out)
+	}
+	if got := string(e.sh(t, other.ID, "dd if=/dev/zero of=/root/big bs=1M count=100 2>/dev/null; echo rc=$?").Stdout); got != "rc=0\n" {
+		t.Fatalf("another sandbox was limited: %q", got)
+	}
+	sb, err := e.c.Get(ctx, small.ID)
+	if err != nil || sb.DiskUsed < 32<<20 || sb.DiskUsed > 80<<20 || sb.Limits.Disk != 64<<20 {
+		t.Fatalf("disk used %v (limit %v): %v", sb.DiskUsed, sb.Limits.Disk, err)
+	}
+	// The sandbox keeps working once it frees space; forks keep the quota.
+	if got := string(e.sh(t, small.ID, "rm /root/big; echo ok > /root/f && cat /root/f").Stdout); got != "ok\n" {
+		t.Fatalf("after freeing space: %q", got)
+	}
+	forks, err := e.c.Fork(ctx, small.ID, api.ForkRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := string(e.sh(t, forks[0].ID, "dd if=/dev/zero of=/root/big bs=1M count=100 2>&1; echo rc=$?").Stdout); !strings.Contains(out, "rc=1") {
+		t.Fatalf("a fork escaped the quota: %q", out)
+	}
+	if _, err := e.c.CreateVolume(ctx, api.VolumeRequest{Name: "small", Size: 16 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	v := e.create(t, api.CreateRequest{Volumes: []api.VolumeMount{{Name: "small", Path: "/v"}}})
+	if out := string(e.sh(t, v.ID, "dd if=/dev/zero of=/v/big bs=1M count=40 2>&1; echo rc=$?").Stdout); !strings.Contains(out, "rc=1") {
+		t.Fatalf("a volume escaped its quota: %q", out)
+	}
+}
