@@ -79,7 +79,7 @@ const (
 	benchRebuildS    = 1.0 // a rebuild with nothing changed <= 1 s
 )
 
-var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "density", "runsc"}
+var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc"}
 
 // benchBwrapArgv is the bwrap peer: the namespace floor.
 var benchBwrapArgv = []string{"bwrap", "--unshare-all", "--die-with-parent",
@@ -566,6 +566,10 @@ func (b *bench) run(ctx context.Context, scenarios []string) error {
 			err = b.imageSize(ctx)
 		case "rebuild":
 			err = b.rebuild(ctx)
+		case "snapshot":
+			err = b.snapshot(ctx)
+		case "pause":
+			err = b.pause(ctx)
 		case "density":
 			err = b.density(ctx)
 		case "runsc":

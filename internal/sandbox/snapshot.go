@@ -427,12 +427,19 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 	srcDir := filepath.Join(m.sandboxesDir(), src.ID)
 	start := time.Now()
 	_, err = m.frozen(ctx, src, func() error {
-		for _, r := range recs {
-			if err := m.copyTree(srcDir, filepath.Join(m.sandboxesDir(), r.ID), false); err != nil {
-				return err
-			}
+		// All at once: btrfs makes snapshots queued together in one
+		// transaction commit, which is most of a snapshot's cost.
+		errs := make([]error, len(recs))
+		var wg sync.WaitGroup
+		for i, r := range recs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = m.copyTree(srcDir, filepath.Join(m.sandboxesDir(), r.ID), false)
+			}()
 		}
-		return nil
+		wg.Wait()
+		return errors.Join(errs...)
 	})
 	unlock()
 	if err != nil {
