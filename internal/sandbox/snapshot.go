@@ -447,22 +447,38 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 		return nil, fmt.Errorf("fork: %w", err)
 	}
 	copied := time.Since(start)
-	out := make([]*api.Sandbox, 0, len(recs))
+	// Boot the forks side by side (a few at a time).
+	errs := make([]error, len(recs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
 	for i, r := range recs {
-		dir := filepath.Join(m.sandboxesDir(), r.ID)
-		os.RemoveAll(filepath.Join(dir, "work"))
-		err := m.setQuota(dir, r.Limits.Disk)
-		if err == nil {
-			err = m.createFrom(ctx, r)
-		}
-		if err != nil {
-			recs = recs[i:]
-			release()
-			for _, sb := range out {
-				m.Remove(context.Background(), sb.ID, true)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			dir := filepath.Join(m.sandboxesDir(), r.ID)
+			os.RemoveAll(filepath.Join(dir, "work"))
+			errs[i] = m.setQuota(dir, r.Limits.Disk)
+			if errs[i] == nil {
+				errs[i] = m.createFrom(ctx, r)
 			}
-			return nil, err
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for i, r := range recs {
+			if errs[i] == nil {
+				m.Remove(context.Background(), r.ID, true)
+			} else {
+				m.deleteTree(filepath.Join(m.sandboxesDir(), r.ID))
+				m.freeSlot(r.UIDBase)
+			}
 		}
+		return nil, err
+	}
+	out := make([]*api.Sandbox, 0, len(recs))
+	for _, r := range recs {
 		m.event(r.ID, "sandbox.create", map[string]any{"image": r.Image, "fork_of": src.ID})
 		out = append(out, &r.Sandbox)
 	}
