@@ -212,3 +212,22 @@ func isMountedBtrfs(dir string) bool {
 }
 
 const fsNOCOWFL = 0x00800000 // FS_NOCOW_FL, linux/fs.h
+
+// dirtyLimit bounds the dirty page cache of den's btrfs (its bdi's max_bytes
+// with strict_limit): a snapshot first writes out the subvolume's dirty
+// data, so this bounds a snapshot's latency whatever a sandbox just wrote;
+// writers past it are throttled to the disk's speed.
+var dirtyLimit int64 = 256 << 20
+
+// limitDirty applies dirtyLimit to the filesystem fsid (settings under
+// /sys/class/bdi do not outlive the mount, so each Open sets them).
+func limitDirty(fsid string) error {
+	if dirtyLimit <= 0 {
+		return nil
+	}
+	bdi := filepath.Join("/sys/fs/btrfs", fsid, "bdi")
+	if err := os.WriteFile(filepath.Join(bdi, "max_bytes"), []byte(fmt.Sprint(dirtyLimit)), 0); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bdi, "strict_limit"), []byte("1"), 0)
+}

@@ -138,6 +138,9 @@ func openBtrfs(dir string, size int64) (s *Store, err error) {
 		unix.Close(fd)
 		return nil, errImage{err}
 	}
+	if err := limitDirty(s.fsid); err != nil {
+		s.why = "dirty limit: " + err.Error()
+	}
 	if m, err := btrfsEnableQuotas(fd, s.fsid); err == nil {
 		s.quotaMode = m
 	} else {
