@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/url"
 
@@ -81,6 +82,36 @@ func (c *Client) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*a
 		return nil, err
 	}
 	return list, nil
+}
+
+// SaveSnapshot streams a snapshot archive (its files, checksum manifest
+// and image) for LoadSnapshot on another host. Close the reader.
+func (c *Client) SaveSnapshot(ctx context.Context, snap string) (io.ReadCloser, error) {
+	p, err := objectPath("/v1/snapshots/", "snapshot", snap)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.send(ctx, &request{method: http.MethodGet, path: p + "/archive", accept: "application/x-tar"})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// LoadSnapshot records the snapshot in an archive made by SaveSnapshot,
+// after checking its files against its manifest.
+func (c *Client) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot, error) {
+	req := &request{method: http.MethodPost, path: "/v1/snapshots/load", body: r, contentType: "application/x-tar", accept: "application/json"}
+	resp, err := c.send(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var s api.Snapshot
+	if err := decodeBody(resp, req, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
 }
 
 // CreateVolume makes a volume.

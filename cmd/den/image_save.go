@@ -38,14 +38,19 @@ func cmdImageSave(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
+	return c.writeArchive(*output, rc)
+}
+
+// writeArchive copies an archive to standard output ("" or "-") or to the
+// file output, through a temporary file renamed at the end so that a
+// failed save leaves no half-written archive there. It closes rc.
+func (c *cli) writeArchive(output string, rc io.ReadCloser) error {
 	defer rc.Close()
-	if *output == "" || *output == "-" {
+	if output == "" || output == "-" {
 		_, err := io.Copy(c.stdout, rc)
 		return err
 	}
-	// A temporary file renamed at the end: a failed save leaves no
-	// half-written archive under FILE.
-	tmp, err := os.CreateTemp(filepath.Dir(*output), "."+filepath.Base(*output)+".*")
+	tmp, err := os.CreateTemp(filepath.Dir(output), "."+filepath.Base(output)+".*")
 	if err != nil {
 		return err
 	}
@@ -61,5 +66,5 @@ func cmdImageSave(c *cli, v *verb, args []string) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), *output)
+	return os.Rename(tmp.Name(), output)
 }

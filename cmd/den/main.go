@@ -49,7 +49,7 @@ func init() {
 		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbPause, verbResume, verbHibernate, verbRm, verbCp,
 		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
 		verbCommit,
-		verbSnapshot, verbSnapshotCreate, verbSnapshotLs, verbSnapshotInspect, verbSnapshotRm, verbRestore, verbFork,
+		verbSnapshot, verbSnapshotCreate, verbSnapshotLs, verbSnapshotInspect, verbSnapshotRm, verbSnapshotSave, verbSnapshotLoad, verbRestore, verbFork,
 		verbVolume, verbVolumeCreate, verbVolumeLs, verbVolumeInspect, verbVolumeRm,
 		verbNet, verbNetSet, verbNetShow, verbNetLog,
 		verbSecret, verbSecretSet, verbSecretLs, verbSecretRm,

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -132,6 +135,91 @@ var verbSnapshotRm = &verb{
 		return c.eachName(v, args, func(cl *client.Client, id string) error {
 			return cl.RemoveSnapshot(context.Background(), id)
 		})
+	},
+}
+
+var verbSnapshotSave = &verb{
+	name:     "snapshot save",
+	summary:  "write a snapshot archive (files, checksum manifest, image) for another host",
+	synopsis: "[flags] [ID] SNAPSHOT",
+	details: `Writes one tar holding the snapshot's files, its checksum manifest and its
+image (unless that is the host image, which every den has), for
+den snapshot load on another host. With ID, the snapshot must be one of
+that sandbox's. Images built on the host image cannot leave this host.`,
+	example: `den snapshot save web before-upgrade -o snap.tar
+		den snapshot save before-upgrade | ssh other den snapshot load -`,
+	run: func(c *cli, v *verb, args []string) error {
+		f := newFlags(v)
+		output := f.String("output", "o", "FILE", "write the archive to FILE instead of standard output")
+		pos, _, err := f.parse(args, -1, c.stdout)
+		if err != nil {
+			return err
+		}
+		if len(pos) < 1 || len(pos) > 2 {
+			return usagef(v, "snapshot save needs a SNAPSHOT (optionally after its sandbox ID)")
+		}
+		cl := c.client(f)
+		snap := pos[len(pos)-1]
+		if len(pos) == 2 {
+			s, err := cl.GetSnapshot(context.Background(), snap)
+			if err != nil {
+				return err
+			}
+			sb, err := cl.Get(context.Background(), pos[0])
+			if err != nil {
+				return err
+			}
+			if s.Sandbox != sb.ID {
+				return fmt.Errorf("snapshot %s is of sandbox %s, not %s", s.ID[:12], s.Sandbox[:12], sb.ID[:12])
+			}
+			snap = s.ID
+		}
+		if _, tty := terminalFd(c.stdout); (*output == "" || *output == "-") && tty {
+			return errors.New("refusing to write an archive to a terminal: use -o FILE or redirect standard output")
+		}
+		rc, err := cl.SaveSnapshot(context.Background(), snap)
+		if err != nil {
+			return err
+		}
+		return c.writeArchive(*output, rc)
+	},
+}
+
+var verbSnapshotLoad = &verb{
+	name:     "snapshot load",
+	summary:  "record the snapshot in an archive made by den snapshot save; print its id",
+	synopsis: "[flags] FILE|-",
+	details: `Checks every file against the archive's checksum manifest (a damaged or
+edited archive is refused whole), imports the snapshot's image if this host
+does not have it, and records the snapshot under a new id (and its name, if
+free here). Then den create --from ID starts sandboxes from it.`,
+	example: `den snapshot load snap.tar
+		den create --from "$(den snapshot load snap.tar)"`,
+	run: func(c *cli, v *verb, args []string) error {
+		f := newFlags(v)
+		jsonOut := f.jsonFlag("print the snapshot as JSON")
+		pos, _, err := f.parse(args, 1, c.stdout)
+		if err != nil {
+			return err
+		}
+		var in io.Reader = c.stdin
+		if pos[0] != "-" {
+			file, err := os.Open(pos[0])
+			if err != nil {
+				return err
+			}
+			defer file.Close()
+			in = file
+		}
+		s, err := c.client(f).LoadSnapshot(context.Background(), in)
+		if err != nil {
+			return err
+		}
+		if *jsonOut {
+			return c.printJSON(s)
+		}
+		fmt.Fprintln(c.stdout, s.ID)
+		return nil
 	},
 }
 

@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"io"
 	"fmt"
 	"os"
 	"os/exec"
@@ -595,5 +597,58 @@ func TestDiskQuota(t *testing.T) {
 	v := e.create(t, api.CreateRequest{Volumes: []api.VolumeMount{{Name: "small", Path: "/v"}}})
 	if out := string(e.sh(t, v.ID, "dd if=/dev/zero of=/v/big bs=1M count=40 2>&1; echo rc=$?").Stdout); !strings.Contains(out, "rc=1") {
 		t.Fatalf("a volume escaped its quota: %q", out)
+	}
+}
+
+// TestSnapshotSaveLoad moves a snapshot through an archive; a damaged
+// archive is refused whole.
+func TestSnapshotSaveLoad(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{Env: []string{"MOVED=yes"}})
+	e.sh(t, sb.ID, `set -e; mkdir -p /work/sub; echo payload-0123456789 > /work/file; ln /work/file /work/hard; ln -s file /work/link
+rm /etc/hostname; rm -rf /etc/apt; mkdir /etc/apt; echo new > /etc/apt/only
+echo mine > /work/owned; chown 1500:1500 /work/owned; chmod 4750 /work/owned`)
+	snap, err := e.c.Snapshot(ctx, sb.ID, api.SnapshotRequest{Name: "travel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := e.c.SaveSnapshot(ctx, "travel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var archive bytes.Buffer
+	if _, err := io.Copy(&archive, rc); err != nil {
+		t.Fatal(err)
+	}
+	rc.Close()
+	if err := e.c.RemoveSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A byte changed in a file is caught by the manifest.
+	bad := bytes.Replace(archive.Bytes(), []byte("payload-0123456789"), []byte("payload-0123456780"), 1)
+	if bytes.Equal(bad, archive.Bytes()) {
+		t.Fatal("test archive does not hold the payload in the clear")
+	}
+	_, err = e.c.LoadSnapshot(ctx, bytes.NewReader(bad))
+	if ae := wantKind(t, err, api.KindInvalid); !strings.Contains(ae.Message, "verification") {
+		t.Fatalf("damaged archive: %s", ae.Message)
+	}
+	_, err = e.c.LoadSnapshot(ctx, strings.NewReader("not a tar at all"))
+	wantKind(t, err, api.KindInvalid)
+	if list, _ := e.c.Snapshots(ctx, ""); len(list) != 0 {
+		t.Fatalf("refused loads left snapshots: %v", list)
+	}
+	loaded, err := e.c.LoadSnapshot(ctx, bytes.NewReader(archive.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loaded.Name != "travel" || loaded.ID == snap.ID {
+		t.Fatalf("loaded %+v", loaded)
+	}
+	c := e.create(t, api.CreateRequest{From: loaded.ID})
+	r := e.sh(t, c.ID, `cat /work/file /work/hard /work/link /etc/apt/only; ls /etc/apt; test -e /etc/hostname || echo no-hostname; stat -c '%u:%g %a' /work/owned; stat -c %h /work/file; echo $MOVED`)
+	if got := string(r.Stdout); got != "payload-0123456789\npayload-0123456789\npayload-0123456789\nnew\nonly\nno-hostname\n1500:1500 4750\n2\nyes\n" {
+		t.Fatalf("sandbox from a loaded snapshot: %q %q", got, r.Stderr)
 	}
 }

@@ -48,6 +48,30 @@ func (s *Server) snapshotRoutes() {
 		}
 		w.WriteHeader(204)
 	})
+	h("GET /v1/snapshots/{id}/archive", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := s.m.GetSnapshot(r.Context(), r.PathValue("id")); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-tar")
+		cw := &countingWriter{w: w}
+		if err := s.m.SaveSnapshot(r.Context(), r.PathValue("id"), cw); err != nil {
+			if cw.n == 0 {
+				w.Header().Del("Content-Type")
+				writeError(w, err)
+				return
+			}
+			panic(http.ErrAbortHandler) // the client sees a cut stream, not a bad archive
+		}
+	})
+	h("POST /v1/snapshots/load", func(w http.ResponseWriter, r *http.Request) {
+		snap, err := s.m.LoadSnapshot(r.Context(), r.Body)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, 201, snap)
+	})
 	h("POST /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
 		var req api.VolumeRequest
 		if err := decode(r, &req); err != nil {
