@@ -350,4 +350,3 @@ func manifestDiff(want, got *storage.Manifest) string {
 	}
 	return ""
 }
-
