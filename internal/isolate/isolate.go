@@ -34,9 +34,36 @@ type Spec struct {
 	NetSlot int
 	// NetBandwidth limits the network each way, bytes/second (0: none).
 	NetBandwidth int64
+	// Mounts are volumes and host directories mounted into the box after
+	// its layers, in order (so a later one may sit inside an earlier one).
+	Mounts []Mount
 }
 
-// Overlay is one copy-on-write mount of the root filesystem.
+// Mount puts a host directory into a box.
+type Mount struct {
+	// Source is the host directory mounted (not its submounts).
+	Source string
+	// Target is the absolute path inside the box where it appears. It is
+	// resolved inside the box's root (symlinks in the image cannot lead it
+	// out); missing directories on the way are created, owned by root
+	// inside.
+	Target string
+	// ReadOnly refuses every write through the mount (EROFS), to the box's
+	// root too. Every mount is nosuid and nodev.
+	ReadOnly bool
+	// IDMapped shifts owners by the box's id mapping, so the directory
+	// stores canonical ids (root inside is uid 0 on disk, uid 1000 inside
+	// is 1000 on disk) as upper layers do, and any box sees its files with
+	// the same owners: volumes want this. Without it, files keep host ids:
+	// ids outside the box's range appear as the overflow id (65534)
+	// inside and the box cannot create files owned by them.
+	IDMapped bool
+}
+
+// Overlay is one copy-on-write mount of the root filesystem. Its upper
+// directory stores canonical ids (what the box sees: root inside is uid 0
+// on disk), so it can be copied to another box (fork, restore) or committed
+// as a layer without a change of owners.
 type Overlay struct {
 	Target string   // "/" or an absolute path inside the box, like "/usr"
 	Lowers []string // host directories, bottom first
@@ -73,6 +100,17 @@ type Box interface {
 	OOMKills() uint64
 	// SetLimits changes the box's resource limits while it runs.
 	SetLimits(Limits) error
+}
+
+// Pauser is the optional ability of a box to be frozen in place: Pause
+// stops every process of the box, its agent included (which so answers
+// nothing until Resume), and returns once all of them are frozen; a
+// paused box uses no CPU and keeps its memory, files and network state.
+// Resume lets them all run on from where they were. Both are idempotent.
+// Stop works on a paused box.
+type Pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
 }
 
 // Stats is a box's live resource use.

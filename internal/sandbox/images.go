@@ -226,9 +226,9 @@ func (m *Manager) Commit(ctx context.Context, id string, req api.CommitRequest) 
 		if empty, _ := dirEmpty(upper); empty {
 			continue
 		}
-		// The upper dir's owners are this sandbox's host ids; the layer
-		// keeps the ids as the sandbox saw them.
-		diffID, size, err := m.images.AddLayerFromDirOptions(ctx, upper, image.DirOptions{IDBase: rec.UIDBase, IDRange: 65536})
+		// The upper dir stores the ids as the sandbox saw them (the linux
+		// tier id-maps it), and the layer keeps them.
+		diffID, size, err := m.images.AddLayerFromDirOptions(ctx, upper, image.DirOptions{IDBase: 0})
 		if err != nil {
 			return nil, fmt.Errorf("commit %s: %w", l.Target, err)
 		}

@@ -1,10 +1,13 @@
 package linux
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/den-dev/den/internal/isolate"
 )
@@ -51,11 +54,17 @@ func TestCgroupV2Files(t *testing.T) {
 	}
 }
 
-func TestCgroupV1Files(t *testing.T) {
+// fakeV1 is a cgroup root with the v1 hierarchies den requires.
+func fakeV1(t *testing.T) string {
 	root := t.TempDir()
 	for _, c := range v1Controllers {
 		os.MkdirAll(filepath.Join(root, c), 0o755)
 	}
+	return root
+}
+
+func TestCgroupV1Files(t *testing.T) {
+	root := fakeV1(t)
 	cg, err := detectCgroups(root, "den")
 	if err != nil || cg.v2 {
 		t.Fatalf("detect: %v", err)
@@ -79,5 +88,69 @@ func TestCgroupV1Files(t *testing.T) {
 	}
 	if _, err := detectCgroups(t.TempDir(), "den"); err == nil {
 		t.Fatal("a root with neither v2 nor v1 controllers was accepted")
+	}
+}
+
+func TestFreezeV2Files(t *testing.T) {
+	root := t.TempDir()
+	os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpu memory pids"), 0o644)
+	cg, err := detectCgroups(root, "den")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg.Create("b1", isolate.Limits{})
+	d := filepath.Join(root, "den", "b1")
+	ctx := context.Background()
+	os.WriteFile(filepath.Join(d, "cgroup.events"), []byte("populated 1\nfrozen 1\n"), 0o644)
+	if err := cg.Freeze(ctx, "b1", true); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTrim(t, filepath.Join(d, "cgroup.freeze")); got != "1" || !cg.Frozen("b1") {
+		t.Fatalf("cgroup.freeze = %q after Pause", got)
+	}
+	os.WriteFile(filepath.Join(d, "cgroup.events"), []byte("populated 1\nfrozen 0\n"), 0o644)
+	if err := cg.Freeze(ctx, "b1", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTrim(t, filepath.Join(d, "cgroup.freeze")); got != "0" || cg.Frozen("b1") {
+		t.Fatalf("cgroup.freeze = %q after Resume", got)
+	}
+	// A group that never reports frozen: the freeze is undone at the deadline.
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if err := cg.Freeze(tctx, "b1", true); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("freeze that never completes: %v", err)
+	}
+	if got := readTrim(t, filepath.Join(d, "cgroup.freeze")); got != "0" {
+		t.Fatalf("cgroup.freeze = %q after a failed Pause", got)
+	}
+}
+
+func TestFreezeV1Files(t *testing.T) {
+	root := fakeV1(t)
+	cg, _ := detectCgroups(root, "den")
+	cg.Create("b1", isolate.Limits{})
+	if err := cg.Freeze(context.Background(), "b1", true); err == nil {
+		t.Fatal("pause without a freezer hierarchy succeeded")
+	}
+	os.MkdirAll(filepath.Join(root, "freezer"), 0o755)
+	cg, _ = detectCgroups(root, "den")
+	// A box created before its freezer group existed gets one on Pause.
+	os.WriteFile(filepath.Join(root, "pids/den/b1/cgroup.procs"), []byte("4242\n"), 0o644)
+	if err := cg.Freeze(context.Background(), "b1", true); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTrim(t, filepath.Join(root, "freezer/den/b1/freezer.state")); got != "FROZEN" || !cg.Frozen("b1") {
+		t.Fatalf("freezer.state = %q", got)
+	}
+	if got := readTrim(t, filepath.Join(root, "freezer/den/b1/cgroup.procs")); got != "4242" {
+		t.Fatalf("processes not moved to the freezer group: %q", got)
+	}
+	cg.Create("b2", isolate.Limits{})
+	if _, err := os.Stat(filepath.Join(root, "freezer/den/b2")); err != nil {
+		t.Fatalf("no freezer group for a new box: %v", err)
+	}
+	if err := cg.Freeze(context.Background(), "b1", false); err != nil || cg.Frozen("b1") {
+		t.Fatalf("thaw: %v", err)
 	}
 }

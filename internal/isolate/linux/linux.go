@@ -374,77 +374,13 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 	return b, nil
 }
 
-// mountRoot mounts the box's overlays at rootfs in the host's mount
-// namespace, with every lower layer id-mapped through ns.
-func (r *Runtime) mountRoot(spec *isolate.Spec, rootfs string, ns *os.File) (err error) {
-	mounted := 0
-	defer func() {
-		if err != nil && mounted > 0 {
-			unix.Unmount(rootfs, unix.MNT_DETACH)
-		}
-	}()
-	for _, l := range spec.Layers {
-		upper := filepath.Join(spec.Dir, "upper", l.Name)
-		work := filepath.Join(spec.Dir, "work", l.Name)
-		for _, d := range []string{upper, work} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				return fmt.Errorf("create layer dir: %w", err)
-			}
-		}
-		if st, err := os.Stat(upper); err == nil && st.Sys().(*syscall.Stat_t).Uid == 0 {
-			if err := os.Chown(upper, spec.UIDBase, spec.UIDBase); err != nil {
-				return fmt.Errorf("chown upper: %w", err)
-			}
-		}
-		var lowers []string
-		var fds []int
-		closeFds := func() {
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
-		}
-		for i := len(l.Lowers) - 1; i >= 0; i-- { // overlayfs wants the top first
-			fd, err := idmapped(l.Lowers[i], ns)
-			if err != nil {
-				closeFds()
-				return err
-			}
-			fds = append(fds, fd)
-			lowers = append(lowers, fmt.Sprintf("/proc/self/fd/%d", fd))
-		}
-		target := filepath.Join(rootfs, l.Target)
-		opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=" + upper + ",workdir=" + work + ",index=off,metacopy=off,redirect_dir=off,xino=off"
-		err := unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
-		closeFds()
-		if err != nil {
-			return fmt.Errorf("mount overlay at %s: %w", l.Target, err)
-		}
-		mounted++
-	}
-	return nil
-}
-
-// idmapped returns a detached, read-only mount of dir whose ids are shifted
-// by the user namespace ns.
-func idmapped(dir string, ns *os.File) (int, error) {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("open_tree %s: %w", dir, err)
-	}
-	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY, Userns_fd: uint64(ns.Fd())}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("id-map %s: %w (the filesystem must support id-mapped mounts)", dir, err)
-	}
-	return fd, nil
-}
-
 // Stop kills the box's init, which takes every process of its pid
 // namespace with it, and removes its cgroups. Storage stays.
 func (b *box) Stop(ctx context.Context) error {
 	var err error
 	b.stop.Do(func() {
 		b.kill()
+		b.rt.cg.Thaw(b.spec.ID) // a paused box's processes die only when they run
 		select {
 		case <-b.done:
 		case <-ctx.Done():
@@ -491,11 +427,14 @@ func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolat
 	}
 	b := &box{rt: r, spec: spec, pid: pid, done: make(chan struct{})}
 	b.ag = agent.UnixClient(filepath.Join(r.boxRun(spec.ID), "agent.sock"))
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := b.ag.Ping(pctx); err != nil {
-		unix.Close(pidfd)
-		return nil, fmt.Errorf("box %s: agent does not answer: %w", spec.ID, err)
+	// A paused box stays paused; its agent answers after Resume.
+	if !r.cg.Frozen(spec.ID) {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := b.ag.Ping(pctx); err != nil {
+			unix.Close(pidfd)
+			return nil, fmt.Errorf("box %s: agent does not answer: %w", spec.ID, err)
+		}
 	}
 	// Wait for the init's end through the runtime's poller (no thread per
 	// box): a pidfd becomes readable when its process exits.
@@ -573,6 +512,15 @@ func (b *box) SetBandwidth(rate int64) error {
 	}
 	return b.rt.net.SetBandwidth(b.pid, b.spec.NetSlot, rate)
 }
+
+var _ isolate.Pauser = (*box)(nil)
+
+// Pause freezes every process of the box, its agent included, and returns
+// once the kernel reports them all frozen (cgroup freezer).
+func (b *box) Pause(ctx context.Context) error { return b.rt.cg.Freeze(ctx, b.spec.ID, true) }
+
+// Resume thaws the box's processes.
+func (b *box) Resume(ctx context.Context) error { return b.rt.cg.Freeze(ctx, b.spec.ID, false) }
 
 // Procs lists the host pids of the box's processes.
 func (b *box) Procs() []int { return b.rt.cg.Procs(b.spec.ID) }

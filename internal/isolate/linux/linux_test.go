@@ -73,7 +73,17 @@ func newRuntime(t testing.TB) *Runtime {
 
 func run(t testing.TB, c *agent.Client, argv ...string) (string, string, api.ExitStatus) {
 	t.Helper()
-	rc, err := c.Exec(context.Background(), &agent.ExecSpec{Argv: argv, Timeout: 20 * time.Second})
+	return runSpec(t, c, &agent.ExecSpec{Argv: argv})
+}
+
+// runSpec runs a command (20 s timeout unless set) and collects its output.
+func runSpec(t testing.TB, c *agent.Client, spec *agent.ExecSpec) (string, string, api.ExitStatus) {
+	t.Helper()
+	if spec.Timeout == 0 {
+		spec.Timeout = 20 * time.Second
+	}
+	argv := spec.Argv
+	rc, err := c.Exec(context.Background(), spec)
 	if err != nil {
 		t.Fatalf("exec %v: %v", argv, err)
 	}

@@ -1,0 +1,161 @@
+package linux
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/isolate"
+)
+
+// A paused box uses no CPU and its agent does not answer; resumed, it
+// runs on where it was.
+func TestPauseResume(t *testing.T) {
+	rt := newRuntime(t)
+	if rt.cg.v2 {
+		t.Log("cgroup v2 host")
+	}
+	ctx := context.Background()
+	spec := testSpec(t, rt, "t1pause")
+	defer rt.Destroy(ctx, spec)
+	b := startBox(t, rt, spec)
+	p := b.(isolate.Pauser)
+	ag := b.Agent()
+	sh(t, ag, "", "(while :; do :; done) </dev/null >/dev/null 2>&1 &")
+	cpu := func() time.Duration { return rt.cg.Usage(spec.ID).CPU }
+	// running reports whether the box uses 20 ms of CPU within 2 s (the
+	// host may be busy).
+	running := func() bool {
+		c0 := cpu()
+		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if cpu()-c0 >= 20*time.Millisecond {
+				return true
+			}
+		}
+		return false
+	}
+	if !running() {
+		t.Fatal("the busy loop does not run")
+	}
+
+	// A sleep started before the pause finishes after it.
+	type result struct {
+		out  string
+		code int
+	}
+	slept := make(chan result, 1)
+	go func() {
+		out, _, st := runSpec(t, ag, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "sleep 0.3; echo slept"}})
+		slept <- result{out, st.ExitCode}
+	}()
+	time.Sleep(50 * time.Millisecond)
+
+	start := time.Now()
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Pause took %v", time.Since(start))
+	if err := p.Pause(ctx); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	c0 := cpu()
+	time.Sleep(200 * time.Millisecond)
+	if c1 := cpu(); c1 != c0 {
+		t.Errorf("a paused box used %v of CPU in 200 ms", c1-c0)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if err := ag.Ping(pctx); err == nil {
+		t.Error("the agent of a paused box answered")
+	}
+	cancel()
+	select {
+	case r := <-slept:
+		t.Fatalf("the sleep ended while paused: %+v", r)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// A reattaching daemon finds the box paused, not dead.
+	if _, err := rt.Load(ctx, spec, b.Pid()); err != nil {
+		t.Errorf("Load of a paused box: %v", err)
+	}
+
+	start = time.Now()
+	if err := p.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Resume took %v", time.Since(start))
+	if err := p.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := ag.Ping(pctx); err != nil {
+		t.Fatalf("agent after Resume: %v", err)
+	}
+	select {
+	case r := <-slept:
+		if r.out != "slept\n" || r.code != 0 {
+			t.Errorf("the sleep after Resume: %+v", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sleep did not finish after Resume")
+	}
+	if !running() {
+		t.Error("the busy loop does not run on after Resume")
+	}
+
+	// Pause and Resume times, with the busy loop running.
+	var pauses, resumes []time.Duration
+	for i := 0; i < 50; i++ {
+		start := time.Now()
+		if err := p.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pauses = append(pauses, time.Since(start))
+		start = time.Now()
+		if err := p.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		resumes = append(resumes, time.Since(start))
+	}
+	slices.Sort(pauses)
+	slices.Sort(resumes)
+	t.Logf("50 rounds: Pause min %v median %v max %v; Resume min %v median %v max %v",
+		pauses[0], pauses[25], pauses[49], resumes[0], resumes[25], resumes[49])
+	if pauses[25] > 20*time.Millisecond || resumes[25] > 20*time.Millisecond {
+		t.Errorf("median Pause %v, Resume %v: want 20 ms at most", pauses[25], resumes[25])
+	}
+
+	// Stop works on a paused box.
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := b.Stop(sctx); err != nil {
+		t.Fatalf("Stop of a paused box: %v", err)
+	}
+}
+
+// BenchmarkPauseResume measures one Pause and one Resume of an idle box.
+func BenchmarkPauseResume(b *testing.B) {
+	rt := newRuntime(b)
+	ctx := context.Background()
+	spec := testSpec(b, rt, "benchpause")
+	defer rt.Destroy(ctx, spec)
+	box, err := rt.Start(ctx, spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer box.Stop(ctx)
+	p := box.(isolate.Pauser)
+	for i := 0; i < b.N; i++ {
+		if err := p.Pause(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Resume(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
