@@ -30,7 +30,9 @@ func BenchmarkSnapshot(b *testing.B) {
 				if v := os.Getenv("DEN_DIRTY_LIMIT"); v != "" {
 					fmt.Sscan(v, &dirtyLimit)
 				}
+				fullQgroups = os.Getenv("DEN_FULL_QGROUPS") != ""
 				s := newBtrfs(b, 12<<30)
+				fullQgroups = false
 				sb := filepath.Join(s.Root(), "sandbox")
 				must(b, s.Create(sb))
 				size := (1 << 30) / layout.files
@@ -74,7 +76,7 @@ func BenchmarkSnapshot(b *testing.B) {
 				slices.Sort(times)
 				b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "p50-ms")
 				b.ReportMetric(float64(times[len(times)-1].Microseconds())/1000, "max-ms")
-				b.Logf("%s: %d runs, p50 %v, max %v, loop flags %#x, options %s", name, len(times), times[len(times)/2], times[len(times)-1], loopFlags, mountOptions)
+				b.Logf("%s: %d runs, p50 %v, max %v, loop flags %#x, options %s, quotas %s", name, len(times), times[len(times)/2], times[len(times)-1], loopFlags, mountOptions, s.QuotaMode())
 				u, _ := s.Usage(sb)
 				b.Logf("sandbox usage %d MiB", u>>20)
 			})

@@ -273,6 +273,10 @@ func btrfsDestroy(path string) error {
 	return nil
 }
 
+// fullQgroups makes a new image use full qgroups even where the kernel has
+// simple quotas (tests compare the two).
+var fullQgroups = false
+
 // btrfsEnableQuotas turns on simple quotas, or full qgroups where the kernel
 // does not know simple quotas. It returns the mode now in force.
 func btrfsEnableQuotas(fd int, fsid string) (string, error) {
@@ -280,7 +284,10 @@ func btrfsEnableQuotas(fd int, fsid string) (string, error) {
 		return m, nil
 	}
 	a := btrfsQuotaCtlArgs{Cmd: btrfsQuotaCtlSimple}
-	err := ioctl(fd, iocQuotaCtl, unsafe.Pointer(&a))
+	err := error(unix.EINVAL)
+	if !fullQgroups {
+		err = ioctl(fd, iocQuotaCtl, unsafe.Pointer(&a))
+	}
 	if err != nil {
 		a = btrfsQuotaCtlArgs{Cmd: btrfsQuotaCtlEnable}
 		if err2 := ioctl(fd, iocQuotaCtl, unsafe.Pointer(&a)); err2 != nil {

@@ -6,11 +6,14 @@
 // (not root, no loop devices, no mkfs.btrfs), plain directories under DIR in
 // which a snapshot is a full copy (reflinked per file where the filesystem
 // can) and there are no quotas. Quotas are btrfs simple quotas (squota,
-// kernel 6.7+) where the kernel takes them, else full qgroups: simple quotas
-// charge every extent to the subvolume that wrote it, so a snapshot costs its
-// source nothing, a fork's usage is what it wrote since the fork, and neither
-// snapshot creation nor subvolume deletion pays the qgroup backref walks of
-// full qgroups. BuildManifest and Manifest.Verify record and check the
+// kernel 6.7+) where the kernel takes them, else full qgroups. Simple quotas
+// charge each extent to the subvolume that wrote it until no tree references
+// it: a snapshot or fork costs nothing until it writes, and neither snapshot
+// creation nor subvolume deletion pays full qgroups' backref walks (nor
+// leaves their numbers inconsistent after a large deletion); the price is
+// that a sandbox stays charged for data it deleted while a snapshot of it
+// still holds that data (full qgroups would charge its referenced bytes: what
+// it sees now). BuildManifest and Manifest.Verify record and check the
 // contents of an immutable tree.
 package storage
 
@@ -373,10 +376,12 @@ func (s *Store) remove(p string) error {
 
 // SetQuota limits the space the subvolume at path may use to bytes (0
 // removes the limit). The limit is on both referenced and exclusive bytes:
-// under simple quotas these are the bytes the subvolume itself wrote (what a
-// snapshot shares with its source is charged to the source), under full
-// qgroups a fork's limit counts what it shares. A snapshot does not inherit
-// its source's limit. Writes past the limit fail with EDQUOT.
+// under simple quotas both are the bytes of the extents the subvolume itself
+// wrote that some tree still references (what a snapshot shares with its
+// source stays charged to the source, even after the source deletes it);
+// under full qgroups referenced bytes count what a fork shares. A snapshot
+// does not inherit its source's limit. Writes past the limit fail with
+// EDQUOT.
 func (s *Store) SetQuota(path string, bytes int64) error {
 	if err := s.setQuota(path, bytes); err != nil {
 		return fmt.Errorf("set quota of %s: %w", path, err)
@@ -414,7 +419,8 @@ func (s *Store) setQuota(path string, bytes int64) error {
 
 // Usage is the space the tree at path uses, in bytes. For a subvolume with
 // quotas on it is its qgroup's referenced bytes as of the last transaction
-// commit (under simple quotas, what the subvolume itself wrote); otherwise
+// commit (under simple quotas, what the subvolume itself wrote and some tree
+// still references, so a fresh fork uses about 0); otherwise
 // the sum of st_blocks*512 over the tree, each inode once.
 func (s *Store) Usage(path string) (int64, error) {
 	n, err := s.usage(path)
