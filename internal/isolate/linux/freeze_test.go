@@ -1,8 +1,15 @@
 package linux
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,5 +164,72 @@ func BenchmarkPauseResume(b *testing.B) {
 		if err := p.Resume(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The v2 freezer, on the real kernel: a hybrid host's (controller-less)
+// cgroup2 hierarchy has cgroup.freeze in every group. A pure v2 host runs
+// TestPauseResume on v2 instead.
+func TestFreezeV2Kernel(t *testing.T) {
+	needRoot(t)
+	root := "/sys/fs/cgroup/unified"
+	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+		t.Skip("no hybrid cgroup2 hierarchy at " + root)
+	}
+	cg := &cgroups{v2: true, root: root, name: "den-test"}
+	d := cg.dir("spin", "")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(filepath.Dir(d))
+	defer cg.Remove("spin")
+	cmd := exec.Command("/bin/sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer cg.Kill("spin")
+	if err := cg.Add("spin", cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	// CPU time of the process in clock ticks (utime + stime).
+	ticks := func() int {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		u, _ := strconv.Atoi(f[11])
+		s, _ := strconv.Atoi(f[12])
+		return u + s
+	}
+	ctx := context.Background()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	if err := cg.Freeze(ctx, "spin", true); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("v2 freeze took %v", time.Since(start))
+	t0 := ticks()
+	time.Sleep(200 * time.Millisecond)
+	if t1 := ticks(); t1 != t0 {
+		t.Errorf("a frozen process used %d ticks in 200 ms", t1-t0)
+	}
+	start = time.Now()
+	if err := cg.Freeze(ctx, "spin", false); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("v2 thaw took %v", time.Since(start))
+	t0 = ticks()
+	time.Sleep(200 * time.Millisecond)
+	if t1 := ticks(); t1-t0 < 2 {
+		t.Errorf("a thawed process used %d ticks in 200 ms", t1-t0)
+	}
+	// Killing a frozen group works.
+	cg.Freeze(ctx, "spin", true)
+	cg.Kill("spin")
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a killed frozen process did not end")
 	}
 }

@@ -30,16 +30,14 @@ func (r *Runtime) mountRoot(spec *isolate.Spec, rootfs string, ns *os.File) (err
 		}
 	}()
 	for _, l := range spec.Layers {
-		upper := filepath.Join(spec.Dir, "upper", l.Name)
-		work := filepath.Join(spec.Dir, "work", l.Name)
-		for _, d := range []string{upper, work} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
+		for _, d := range []string{"upper", "work"} {
+			if err := os.MkdirAll(filepath.Join(spec.Dir, d, l.Name), 0o755); err != nil {
 				return fmt.Errorf("create layer dir: %w", err)
 			}
 		}
-		if err := canonicalUpper(upper, spec.UIDBase); err != nil {
-			return err
-		}
+	}
+	if err := r.Canonicalize(spec); err != nil {
+		return err
 	}
 	state, err := idmapped(spec.Dir, ns, false)
 	if err != nil {
@@ -247,6 +245,25 @@ func asBoxRoot(base int, fn func() error) error {
 		}()
 	}()
 	return <-errc
+}
+
+// Canonicalize converts the upper directories of a stopped box written by
+// an older den (owners are host ids) to canonical ids, as Start does; it
+// does nothing to canonical ones. Whoever reads a stopped box's uppers
+// (commit, snapshot, fork) calls it first. A box still running from before
+// the upgrade keeps the old format until it starts again: its uppers must
+// not be converted under it.
+func (r *Runtime) Canonicalize(spec *isolate.Spec) error {
+	for _, l := range spec.Layers {
+		upper := filepath.Join(spec.Dir, "upper", l.Name)
+		if _, err := os.Lstat(upper); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := canonicalUpper(upper, spec.UIDBase); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // canonicalUpper converts, once, an upper directory written by an older

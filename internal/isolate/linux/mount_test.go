@@ -183,6 +183,12 @@ func TestOldUpperConverted(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A stopped box is converted on demand (before a commit, say), once.
+	if err := rt.Canonicalize(spec); err != nil {
+		t.Fatal(err)
+	}
+	wantOwner(t, up, 0, 0)
+	wantOwner(t, filepath.Join(up, "home/u/file"), 1000, 1001)
 	b := startBox(t, rt, spec)
 	wantOwner(t, up, 0, 0)
 	wantOwner(t, filepath.Join(up, "home/u/file"), 1000, 1001)
