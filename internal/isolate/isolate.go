@@ -18,7 +18,8 @@ import (
 type Spec struct {
 	ID       string
 	Hostname string
-	// Dir is the box's persistent state directory (writable layers).
+	// Dir is the box's persistent state directory: the writable layers
+	// (upper/<name>, with the ids the box sees, and work/<name>).
 	Dir string
 	// Layers is the root filesystem: overlays mounted in order, the first
 	// at "/". Each has read-only lower directories (bottom first) and gets

@@ -1,8 +1,10 @@
 // Package linux is den's first isolation tier: each box is a set of fresh
 // Linux namespaces (user, mount, pid, net, uts, ipc, cgroup) whose root is
-// an overlayfs of id-mapped read-only image layers and a per-box upper
-// directory, with cgroup limits, a container capability set, no_new_privs
-// and a seccomp filter on every command. The den agent runs as PID 1.
+// an overlayfs of id-mapped read-only image layers and an id-mapped per-box
+// upper directory (stored with the ids the box sees), plus its volumes and
+// bind mounts, with cgroup limits and freezer, a container capability set,
+// no_new_privs and a seccomp filter on every command. The den agent runs as
+// PID 1.
 package linux
 
 import (
