@@ -438,6 +438,11 @@ func (s *Server) judgeAddr(p Policy, a netip.Addr, viaName bool) (bool, string) 
 		}
 		return false, "address " + a.String() + " belongs to the host"
 	}
+	if id, _, ok := s.lookup(a); ok {
+		// Config.Deny names the bridge's subnets; this catches a sandbox
+		// address it does not (an IPv6 prefix the caller left out).
+		return false, "address " + a.String() + " belongs to sandbox " + id
+	}
 	return allowAddr(p, a, viaName, s.cfg.Public)
 }
 

@@ -117,11 +117,42 @@ func (m *Manager) proxyEnv(p api.NetworkPolicy) []string {
 	return append([]string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}, caEnv(p)...)
 }
 
+// udpAllower is the optional ability of a box to forward UDP to the
+// destinations its allow_cidr rules name (all other UDP but DNS is
+// dropped).
+type udpAllower interface {
+	AllowUDP(cidrs []netip.Prefix) error
+}
+
+// allowUDP gives the box's UDP rules the policy's allow_cidr prefixes.
+func allowUDP(b isolate.Box, p api.NetworkPolicy) error {
+	u, ok := b.(udpAllower)
+	if !ok {
+		return nil // UDP stays dropped
+	}
+	var cidrs []netip.Prefix
+	if networked(p) {
+		pol, err := toPolicy(p)
+		if err != nil {
+			return err
+		}
+		cidrs = pol.AllowCIDR
+	}
+	if err := u.AllowUDP(cidrs); err != nil {
+		return fmt.Errorf("sandbox UDP rules: %w", err)
+	}
+	return nil
+}
+
 // netReady points the sandbox's resolver at den's DNS (queries to any
-// address are redirected there anyway; a loopback resolver would not be).
+// address are redirected there anyway; a loopback resolver would not be)
+// and lets its UDP out to its allow_cidr prefixes.
 func (m *Manager) netReady(ctx context.Context, id string, p api.NetworkPolicy, b isolate.Box) error {
 	if m.cfg.Egress == nil {
 		return nil
+	}
+	if err := allowUDP(b, p); err != nil {
+		return err
 	}
 	if len(p.SecretHeaders) > 0 {
 		if err := m.installCA(ctx, id, b); err != nil {
@@ -185,6 +216,9 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy
 		nw, ok := b.(isolate.Networker)
 		if ok && was {
 			if err := nw.SetBandwidth(int64(p.Bandwidth)); err != nil {
+				return nil, err
+			}
+			if err := allowUDP(b, p); err != nil {
 				return nil, err
 			}
 			if len(p.SecretHeaders) > 0 {

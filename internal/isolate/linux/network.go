@@ -3,17 +3,22 @@ package linux
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/template"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // NetworkConfig describes the host side of sandbox networking.
@@ -21,6 +26,12 @@ type NetworkConfig struct {
 	Bridge string       // default "den0"
 	Table  string       // nftables table (family inet), default "den"
 	Subnet netip.Prefix // IPv4 subnet of the bridge, default 10.88.0.0/16; the first host address is the gateway
+	// Subnet6 is the bridge's IPv6 prefix, /64 to /96: a sandbox's IPv6
+	// address is the prefix with its IPv4 address in the last 32 bits
+	// (the gateway's too). Default: the unique local prefix
+	// fd64:656e:X:Y::/64, X:Y being Subnet's network address (10.88.0.0 →
+	// fd64:656e:a58:0::/64), so bridges of different subnets differ.
+	Subnet6 netip.Prefix
 	// Ports of den's egress servers on the gateway address: every TCP
 	// connection a sandbox makes is redirected to Transparent, every DNS
 	// query to DNS; HTTPProxy serves tools that honour HTTP(S)_PROXY.
@@ -29,39 +40,90 @@ type NetworkConfig struct {
 
 // Network is the host side of sandbox networking: one bridge, one veth per
 // networked sandbox (ports isolated from each other), and nftables rules
-// that send every sandbox connection to den's egress proxy and DNS, forward
-// nothing, and accept nothing else on the host. A sandbox without network
-// keeps only its loopback.
+// that send every sandbox TCP connection (IPv4 and IPv6) to den's egress
+// proxy and every DNS query to den's DNS, forward only the UDP a sandbox's
+// allow_cidr rules name (SetUDPAllow), and accept nothing else on the
+// host. A sandbox without network keeps only its loopback.
 type Network struct {
 	cfg NetworkConfig
 	gw  netip.Addr
+	gw6 netip.Addr
+
+	mu     sync.Mutex
+	udp    map[int][]netip.Prefix // per slot: UDP destinations forwarded (in the nft sets udp4, udp6)
+	guards [2]map[string]bool     // IPv4, IPv6: uplinks den turned forwarding on (sets guard4, guard6)
 }
 
 var nftRules = template.Must(template.New("nft").Parse(`table inet {{.Table}}
 delete table inet {{.Table}}
 table inet {{.Table}} {
+	# Per sandbox: source address . destination prefix of the UDP it may
+	# send (its allow_cidr rules), kept by SetUDPAllow.
+	set udp4 {
+		type ipv4_addr . ipv4_addr; flags interval;{{if .udp4}}
+		elements = { {{.udp4}} }{{end}}
+	}
+	set udp6 {
+		type ipv6_addr . ipv6_addr; flags interval;{{if .udp6}}
+		elements = { {{.udp6}} }{{end}}
+	}
+	# Uplinks on which den turned forwarding on (replies to that UDP come
+	# in there): nothing else arriving on them is forwarded.
+	set guard4 {
+		type ifname;{{if .guard4}}
+		elements = { {{.guard4}} }{{end}}
+	}
+	set guard6 {
+		type ifname;{{if .guard6}}
+		elements = { {{.guard6}} }{{end}}
+	}
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
-		iifname "{{.Bridge}}" meta l4proto { tcp, udp } th dport 53 redirect to :{{.DNS}}
+		iifname "{{.Bridge}}" meta nfproto ipv4 meta l4proto { tcp, udp } th dport 53 redirect to :{{.DNS}}
+		iifname "{{.Bridge}}" meta nfproto ipv6 meta l4proto { tcp, udp } th dport 53 dnat ip6 to [{{.Gateway6}}]:{{.DNS}}
 		iifname "{{.Bridge}}" ip daddr {{.Gateway}} tcp dport {{.HTTPProxy}} accept
-		iifname "{{.Bridge}}" meta l4proto tcp redirect to :{{.Transparent}}
+		iifname "{{.Bridge}}" ip6 daddr {{.Gateway6}} tcp dport {{.HTTPProxy}} accept
+		iifname "{{.Bridge}}" meta nfproto ipv4 meta l4proto tcp redirect to :{{.Transparent}}
+		iifname "{{.Bridge}}" meta nfproto ipv6 meta l4proto tcp dnat ip6 to [{{.Gateway6}}]:{{.Transparent}}
 	}
 	chain input {
 		type filter hook input priority filter; policy accept;
 		iifname "{{.Bridge}}" ct state established,related accept
 		iifname "{{.Bridge}}" ip daddr {{.Gateway}} tcp dport { {{.Transparent}}, {{.DNS}}, {{.HTTPProxy}} } accept
 		iifname "{{.Bridge}}" ip daddr {{.Gateway}} udp dport {{.DNS}} accept
-		iifname "{{.Bridge}}" drop
+		iifname "{{.Bridge}}" ip6 daddr {{.Gateway6}} tcp dport { {{.Transparent}}, {{.DNS}}, {{.HTTPProxy}} } accept
+		iifname "{{.Bridge}}" ip6 daddr {{.Gateway6}} udp dport {{.DNS}} accept
+		iifname "{{.Bridge}}" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
+		iifname "{{.Bridge}}" counter drop
 	}
 	chain forward {
 		type filter hook forward priority filter; policy accept;
-		iifname "{{.Bridge}}" drop
+		oifname "{{.Bridge}}" ct direction reply ct state established,related accept
+		meta nfproto ipv4 iifname @guard4 drop
+		meta nfproto ipv6 iifname @guard6 drop
+		iifname "{{.Bridge}}" oifname "{{.Bridge}}" drop
+		iifname "{{.Bridge}}" meta l4proto udp ip saddr . ip daddr @udp4 accept
+		iifname "{{.Bridge}}" meta l4proto udp ip6 saddr . ip6 daddr @udp6 accept
+		iifname "{{.Bridge}}" counter drop
 		oifname "{{.Bridge}}" drop
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		iifname "{{.Bridge}}" oifname != "{{.Bridge}}" masquerade
+	}
+	chain output {
+		type filter hook output priority filter; policy accept;
+		# The host never opens a connection to a sandbox over the bridge
+		# (ports are reached inside the sandbox's namespace), so no proxy
+		# can be talked into dialing one.
+		oifname "{{.Bridge}}" meta l4proto { tcp, udp } ct state new drop
 	}
 }
 `))
 
-// NewNetwork creates (or adopts) the bridge and installs the rules.
+// NewNetwork creates (or adopts) the bridge and installs the rules. The
+// UDP allowances of sandboxes still running from a previous daemon are
+// kept.
 func NewNetwork(cfg NetworkConfig) (*Network, error) {
 	if cfg.Bridge == "" {
 		cfg.Bridge = "den0"
@@ -72,10 +134,23 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 	if !cfg.Subnet.IsValid() {
 		cfg.Subnet = netip.MustParsePrefix("10.88.0.0/16")
 	}
+	if !cfg.Subnet.Addr().Is4() {
+		return nil, fmt.Errorf("network: subnet %s is not IPv4", cfg.Subnet)
+	}
+	cfg.Subnet = cfg.Subnet.Masked()
+	if !cfg.Subnet6.IsValid() {
+		n := cfg.Subnet.Addr().As4()
+		cfg.Subnet6 = netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0x64, 0x65, 0x6e, n[0], n[1], n[2], n[3]}), 64)
+	}
+	if cfg.Subnet6.Addr().Is4() || cfg.Subnet6.Bits() > 96 {
+		return nil, fmt.Errorf("network: IPv6 prefix %s: want an IPv6 prefix of /96 or shorter", cfg.Subnet6)
+	}
+	cfg.Subnet6 = cfg.Subnet6.Masked()
 	if cfg.Transparent == 0 || cfg.DNS == 0 || cfg.HTTPProxy == 0 {
 		return nil, fmt.Errorf("network: the egress ports are not set")
 	}
-	n := &Network{cfg: cfg, gw: cfg.Subnet.Masked().Addr().Next()}
+	n := &Network{cfg: cfg, gw: cfg.Subnet.Addr().Next(), udp: map[int][]netip.Prefix{}, guards: [2]map[string]bool{{}, {}}}
+	n.gw6 = n.v6(n.gw)
 	br, err := netlink.LinkByName(cfg.Bridge)
 	if err != nil {
 		la := netlink.NewLinkAttrs()
@@ -91,24 +166,87 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 	if err := netlink.AddrReplace(br, addr); err != nil {
 		return nil, fmt.Errorf("address bridge %s: %w", cfg.Bridge, err)
 	}
+	// The bridge routes IPv6 only if the host lets it (disable_ipv6 off).
+	setSysctl("net/ipv6/conf/"+cfg.Bridge+"/disable_ipv6", "0")
+	addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: n.gw6.AsSlice(), Mask: net.CIDRMask(cfg.Subnet6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
+	if err := netlink.AddrReplace(br, addr6); err != nil {
+		return nil, fmt.Errorf("IPv6 address of bridge %s: %w", cfg.Bridge, err)
+	}
 	if err := netlink.LinkSetUp(br); err != nil {
 		return nil, fmt.Errorf("bring up bridge %s: %w", cfg.Bridge, err)
 	}
-	var buf bytes.Buffer
-	nftRules.Execute(&buf, map[string]any{
-		"Table": cfg.Table, "Bridge": cfg.Bridge, "Gateway": n.gw,
-		"Transparent": cfg.Transparent, "DNS": cfg.DNS, "HTTPProxy": cfg.HTTPProxy,
-	})
-	cmd := exec.Command("nft", "-f", "-")
-	cmd.Stdin = &buf
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("install nftables rules (is the nftables package installed?): %v: %s", err, out)
+	// Forwarding on the bridge (and, while a sandbox has a UDP allowance,
+	// on the uplinks its replies come in by), not the host's other
+	// interfaces, for the UDP that allow_cidr rules let out; the forward
+	// chain drops the rest. IPv6 needs force_forwarding (Linux 6.17+):
+	// without it, UDP over IPv6 stays dropped even where a CIDR names it.
+	if err := setSysctl("net/ipv4/conf/"+cfg.Bridge+"/forwarding", "1"); err != nil {
+		return nil, err
+	}
+	setSysctl("net/ipv6/conf/"+cfg.Bridge+"/force_forwarding", "1")
+	n.restoreUDP()
+	if err := n.installRules(); err != nil {
+		return nil, err
 	}
 	return n, nil
 }
 
+// installRules (re)places the nftables table, with the UDP sets holding
+// n.udp.
+func (n *Network) installRules() error {
+	vars := map[string]any{
+		"Table": n.cfg.Table, "Bridge": n.cfg.Bridge, "Gateway": n.gw, "Gateway6": n.gw6,
+		"Transparent": n.cfg.Transparent, "DNS": n.cfg.DNS, "HTTPProxy": n.cfg.HTTPProxy,
+	}
+	for name, els := range n.setElements() {
+		vars[name] = strings.Join(els, ", ")
+	}
+	var buf bytes.Buffer
+	nftRules.Execute(&buf, vars)
+	if out, err := nft(&buf); err != nil {
+		return fmt.Errorf("install nftables rules (is the nftables package installed?): %v: %s", err, out)
+	}
+	return nil
+}
+
+func nft(script *bytes.Buffer) ([]byte, error) {
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = script
+	return cmd.CombinedOutput()
+}
+
+func setSysctl(name, value string) error {
+	if err := os.WriteFile("/proc/sys/"+name, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s: %w", strings.ReplaceAll(name, "/", "."), err)
+	}
+	return nil
+}
+
+// v6 is the IPv6 address matching the bridge address a: Subnet6 with a's
+// 32 bits last.
+func (n *Network) v6(a netip.Addr) netip.Addr {
+	b := n.cfg.Subnet6.Addr().As16()
+	x := a.As4()
+	copy(b[12:], x[:])
+	return netip.AddrFrom16(b)
+}
+
 // Gateway is the bridge's address: where den's egress servers listen.
 func (n *Network) Gateway() netip.Addr { return n.gw }
+
+// Gateway6 is the bridge's IPv6 address: den's egress servers must listen
+// there too (same ports) for sandboxes' IPv6 connections and DNS queries,
+// which nftables sends to it.
+func (n *Network) Gateway6() netip.Addr { return n.gw6 }
+
+// Addr6 is the IPv6 address of the sandbox in slot.
+func (n *Network) Addr6(slot int) (netip.Addr, error) {
+	a, err := n.Addr(slot)
+	if err != nil {
+		return a, err
+	}
+	return n.v6(a), nil
+}
 
 // Addr is the address of the sandbox in slot.
 func (n *Network) Addr(slot int) (netip.Addr, error) {
@@ -199,18 +337,38 @@ func (n *Network) Attach(pid, slot int) (netip.Addr, error) {
 	if err := h.AddrAdd(inner, ip); err != nil {
 		return addr, fmt.Errorf("address eth0: %w", err)
 	}
+	// IPv6: the slot's address (no duplicate detection: the address is the
+	// slot's alone, and DAD would hold it back for a second), and a default
+	// route through the gateway. A namespace whose IPv6 is off keeps IPv4.
+	v6 := n.v6(addr)
+	ip6 := &netlink.Addr{IPNet: &net.IPNet{IP: v6.AsSlice(), Mask: net.CIDRMask(n.cfg.Subnet6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
+	has6 := h.AddrAdd(inner, ip6) == nil
 	if err := h.LinkSetUp(inner); err != nil {
 		return addr, err
 	}
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: inner.Attrs().Index, Gw: n.gw.AsSlice()}); err != nil {
 		return addr, fmt.Errorf("default route: %w", err)
 	}
+	if has6 {
+		if err := h.RouteAdd(&netlink.Route{LinkIndex: inner.Attrs().Index, Gw: n.gw6.AsSlice(), Family: netlink.FAMILY_V6}); err != nil {
+			return addr, fmt.Errorf("default IPv6 route: %w", err)
+		}
+	}
 	ok = true
 	return addr, nil
 }
 
-// Detach removes the slot's veth (both ends). Idempotent.
+// Detach removes the slot's veth (both ends) and its UDP allowances.
+// Idempotent.
 func (n *Network) Detach(slot int) error {
+	n.mu.Lock()
+	_, had := n.udp[slot]
+	n.mu.Unlock()
+	if had {
+		if err := n.SetUDPAllow(slot, nil); err != nil {
+			return err
+		}
+	}
 	l, err := netlink.LinkByName(vethName(slot))
 	if err != nil {
 		return nil
@@ -221,9 +379,15 @@ func (n *Network) Detach(slot int) error {
 	return nil
 }
 
-// Slot is the slot whose sandbox has address a.
+// Slot is the slot whose sandbox has address a (IPv4 or IPv6).
 func (n *Network) Slot(a netip.Addr) (int, bool) {
-	a = a.Unmap()
+	a = a.WithZone("").Unmap()
+	if a.Is6() && n.cfg.Subnet6.Contains(a) {
+		b := a.As16()
+		if a4 := netip.AddrFrom4([4]byte(b[12:])); n.v6(a4) == a {
+			a = a4
+		}
+	}
 	if !a.Is4() || !n.cfg.Subnet.Contains(a) {
 		return 0, false
 	}
@@ -243,6 +407,9 @@ func (n *Network) Ports() (transparent, dns, httpProxy int) {
 
 // Subnet is the bridge's subnet: no sandbox may reach it (other sandboxes).
 func (n *Network) Subnet() netip.Prefix { return n.cfg.Subnet.Masked() }
+
+// Subnet6 is the bridge's IPv6 prefix: no sandbox may reach it either.
+func (n *Network) Subnet6() netip.Prefix { return n.cfg.Subnet6 }
 
 // DialInside connects to 127.0.0.1:port in the box's network namespace:
 // the socket is made on a thread that has entered that namespace, so it
@@ -339,4 +506,273 @@ func (n *Network) SetBandwidth(pid, slot int, rate int64) error {
 		return fmt.Errorf("shape eth0: %w", err)
 	}
 	return nil
+}
+
+// SetUDPAllow sets the UDP destinations the sandbox in slot may reach
+// (its allow_cidr rules, IPv4 and IPv6; IPv4-mapped prefixes count as
+// IPv4): its datagrams to them are forwarded and masqueraded, replies come
+// back, and every other datagram is dropped (DNS excepted: it goes to
+// den's DNS whatever its destination). nil takes every allowance away.
+// Denied datagrams are counted by the forward chain's drop rule, not
+// logged one by one.
+func (n *Network) SetUDPAllow(slot int, cidrs []netip.Prefix) error {
+	if _, err := n.Addr(slot); err != nil {
+		return err
+	}
+	var keep []netip.Prefix
+	for _, c := range cidrs {
+		if !c.IsValid() {
+			continue
+		}
+		a, bits := c.Addr().WithZone(""), c.Bits()
+		if a.Is4In6() && bits >= 96 {
+			a, bits = a.Unmap(), bits-96
+		}
+		keep = append(keep, netip.PrefixFrom(a, bits).Masked())
+	}
+	keep = outermost(keep)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if slices.Equal(n.udp[slot], keep) && (len(keep) > 0 || n.udp[slot] == nil) {
+		return nil
+	}
+	old, had := n.udp[slot]
+	if len(keep) == 0 {
+		delete(n.udp, slot)
+	} else {
+		n.udp[slot] = keep
+	}
+	// The uplinks replies come in by must forward them: den turns
+	// forwarding on there (guarded: only replies to the bridge pass), and
+	// off again when no sandbox has a UDP allowance left.
+	var flip [2][]string
+	for _, p := range keep {
+		fam := 0
+		if p.Addr().Is6() {
+			fam = 1
+		}
+		for _, dev := range n.uplinks(p) {
+			if !n.guards[fam][dev] && sysctlValue(forwardingKey(fam, dev)) == "0" && (fam == 0 || sysctlValue("net/ipv6/conf/all/forwarding") == "0") {
+				n.guards[fam][dev] = true
+				flip[fam] = append(flip[fam], dev)
+			}
+		}
+	}
+	var unflip [2][]string
+	if len(n.udp) == 0 {
+		for fam := range n.guards {
+			for dev := range n.guards[fam] {
+				unflip[fam] = append(unflip[fam], dev)
+			}
+		}
+		for fam := range unflip { // forwarding off before the guards go
+			for _, dev := range unflip[fam] {
+				setSysctl(forwardingKey(fam, dev), "0")
+				delete(n.guards[fam], dev)
+			}
+		}
+	}
+	var b bytes.Buffer
+	for name, els := range n.setElements() {
+		fmt.Fprintf(&b, "flush set inet %s %s\n", n.cfg.Table, name)
+		if len(els) > 0 {
+			fmt.Fprintf(&b, "add element inet %s %s { %s }\n", n.cfg.Table, name, strings.Join(els, ", "))
+		}
+	}
+	if out, err := nft(&b); err != nil {
+		if had {
+			n.udp[slot] = old
+		} else {
+			delete(n.udp, slot)
+		}
+		for fam := range flip {
+			for _, dev := range flip[fam] {
+				delete(n.guards[fam], dev)
+			}
+		}
+		return fmt.Errorf("sandbox UDP rules: %v: %s", err, bytes.TrimSpace(out))
+	}
+	for fam := range flip { // the guards are in place: forwarding on
+		for _, dev := range flip[fam] {
+			if err := setSysctl(forwardingKey(fam, dev), "1"); err != nil && fam == 0 {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// forwardingKey is the sysctl that lets dev forward what it receives:
+// IPv4 conf/DEV/forwarding, IPv6 conf/DEV/force_forwarding (Linux 6.17).
+func forwardingKey(fam int, dev string) string {
+	if fam == 0 {
+		return "net/ipv4/conf/" + dev + "/forwarding"
+	}
+	return "net/ipv6/conf/" + dev + "/force_forwarding"
+}
+
+func sysctlValue(name string) string {
+	b, err := os.ReadFile("/proc/sys/" + name)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// uplinks are the interfaces by which the host reaches p (found when the
+// rule is set), the bridge and loopback excepted.
+func (n *Network) uplinks(p netip.Prefix) []string {
+	rs, err := netlink.RouteGet(p.Masked().Addr().AsSlice())
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, r := range rs {
+		l, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		if name := l.Attrs().Name; name != n.cfg.Bridge && name != "lo" && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// outermost sorts ps and drops the prefixes another one contains (nft
+// refuses overlapping intervals).
+func outermost(ps []netip.Prefix) []netip.Prefix {
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	var out []netip.Prefix
+	for _, p := range ps {
+		if len(out) > 0 && out[len(out)-1].Bits() <= p.Bits() && out[len(out)-1].Contains(p.Addr()) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// setElements are the elements of the table's sets, by set name, for
+// n.udp and n.guards. Call with n.mu held (or before n is shared).
+func (n *Network) setElements() map[string][]string {
+	u4, u6 := n.udpElements()
+	sets := map[string][]string{"udp4": u4, "udp6": u6, "guard4": nil, "guard6": nil}
+	for fam, name := range []string{"guard4", "guard6"} {
+		for dev := range n.guards[fam] {
+			sets[name] = append(sets[name], strconv.Quote(dev))
+		}
+		slices.Sort(sets[name])
+	}
+	return sets
+}
+
+// udpElements are the elements of the sets udp4 and udp6 for n.udp.
+func (n *Network) udpElements() (u4, u6 []string) {
+	slots := make([]int, 0, len(n.udp))
+	for s := range n.udp {
+		slots = append(slots, s)
+	}
+	slices.Sort(slots)
+	for _, s := range slots {
+		a, err := n.Addr(s)
+		if err != nil {
+			continue
+		}
+		for _, p := range n.udp[s] {
+			if p.Addr().Is4() {
+				u4 = append(u4, a.String()+" . "+p.String())
+			} else {
+				u6 = append(u6, n.v6(a).String()+" . "+p.String())
+			}
+		}
+	}
+	return u4, u6
+}
+
+// restoreUDP reads the UDP allowances a previous daemon left in the table
+// (its sandboxes may still run) into n.udp, so that replacing the table
+// keeps them.
+func (n *Network) restoreUDP() {
+	for fam, set := range []string{"guard4", "guard6"} {
+		out, err := exec.Command("nft", "list", "set", "inet", n.cfg.Table, set).Output()
+		if err != nil {
+			continue
+		}
+		for _, el := range listedElements(string(out)) {
+			if dev, err := strconv.Unquote(el); err == nil {
+				n.guards[fam][dev] = true
+			}
+		}
+	}
+	for _, set := range []string{"udp4", "udp6"} {
+		out, err := exec.Command("nft", "list", "set", "inet", n.cfg.Table, set).Output()
+		if err != nil {
+			continue
+		}
+		for _, el := range listedElements(string(out)) {
+			src, dst, ok := strings.Cut(el, " . ")
+			if !ok {
+				continue
+			}
+			a, err := netip.ParseAddr(strings.TrimSpace(src))
+			if err != nil {
+				continue
+			}
+			p, err := parsePrefixOrAddr(strings.TrimSpace(dst))
+			if err != nil {
+				continue
+			}
+			if slot, ok := n.Slot(a); ok {
+				n.udp[slot] = outermost(append(n.udp[slot], p))
+			}
+		}
+	}
+}
+
+// listedElements extracts the elements of "nft list set" output.
+func listedElements(out string) []string {
+	_, rest, ok := strings.Cut(out, "elements = {")
+	if !ok {
+		return nil
+	}
+	body, _, ok := strings.Cut(rest, "}")
+	if !ok {
+		return nil
+	}
+	var els []string
+	for _, e := range strings.Split(body, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			els = append(els, e)
+		}
+	}
+	return els
+}
+
+func parsePrefixOrAddr(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// AllowUDP sets the UDP destinations the box may reach (see
+// Network.SetUDPAllow).
+func (b *box) AllowUDP(cidrs []netip.Prefix) error {
+	if b.rt.net == nil || !b.spec.Net {
+		if len(cidrs) == 0 {
+			return nil
+		}
+		return errors.New("the sandbox has no network interface")
+	}
+	return b.rt.net.SetUDPAllow(b.spec.NetSlot, cidrs)
 }
