@@ -711,6 +711,7 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	delete(m.procCache, rec.ID)
 	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
+	setCachedHashes(rec.ID, nil)
 	if err := m.db.DeleteSandbox(ctx, rec.ID); err != nil {
 		return err
 	}

@@ -235,6 +235,32 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 // sealing tracks manifests being computed: snapshot id → done channel.
 var sealing sync.Map
 
+// sealMu runs one manifest at a time (they read every byte of a snapshot;
+// several at once would starve the sandboxes of disk and CPU), and
+// hashCache keeps, per sandbox, the hashes of its last snapshot's files,
+// so the next snapshot hashes only files that changed.
+var (
+	sealMu    sync.Mutex
+	hashMu    sync.Mutex
+	hashCache = map[string]storage.HashCache{}
+)
+
+func cachedHashes(sandbox string) storage.HashCache {
+	hashMu.Lock()
+	defer hashMu.Unlock()
+	return hashCache[sandbox]
+}
+
+func setCachedHashes(sandbox string, c storage.HashCache) {
+	hashMu.Lock()
+	defer hashMu.Unlock()
+	if c == nil {
+		delete(hashCache, sandbox)
+	} else {
+		hashCache[sandbox] = c
+	}
+}
+
 // sealAsync computes a snapshot's checksum manifest in the background.
 func (m *Manager) sealAsync(id string) {
 	done := make(chan struct{})
@@ -252,9 +278,18 @@ func (m *Manager) sealAsync(id string) {
 }
 
 func (m *Manager) seal(ctx context.Context, id string) error {
-	man, err := storage.BuildManifest(ctx, filepath.Join(m.snapshotDir(id), "upper"))
+	sealMu.Lock()
+	defer sealMu.Unlock()
+	s, err := m.getSnapshot(ctx, id)
+	if err != nil {
+		return nil // removed meanwhile
+	}
+	man, cache, err := storage.BuildManifestCached(ctx, filepath.Join(m.snapshotDir(id), "upper"), cachedHashes(s.Sandbox))
 	if err != nil {
 		return err
+	}
+	if _, err := m.get(ctx, s.Sandbox); err == nil {
+		setCachedHashes(s.Sandbox, cache)
 	}
 	b, err := json.Marshal(man)
 	if err != nil {
@@ -272,8 +307,7 @@ func (m *Manager) seal(ctx context.Context, id string) error {
 	}
 	unlock := m.lock("snapshot:" + id)
 	defer unlock()
-	s, err := m.getSnapshot(ctx, id)
-	if err != nil {
+	if s, err = m.getSnapshot(ctx, id); err != nil {
 		return nil // removed meanwhile
 	}
 	s.Digest, s.Files = man.Digest, len(man.Entries)

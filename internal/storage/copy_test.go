@@ -272,3 +272,39 @@ func TestManifest(t *testing.T) {
 		t.Errorf("cancelled: %v", err)
 	}
 }
+
+func TestManifestCache(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	for _, n := range []string{"a", "b"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("content "+n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m1, cache, err := BuildManifestCached(ctx, dir, nil)
+	if err != nil || len(cache) != 2 {
+		t.Fatalf("first manifest: %v, %d cached", err, len(cache))
+	}
+	// A cached hash is used as is for a file whose key is unchanged (shown
+	// here by planting a wrong one), and a changed file is hashed again.
+	for k, v := range cache {
+		if v == m1.Entries[1].SHA256 { // "a"
+			cache[k] = "planted"
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := os.WriteFile(filepath.Join(dir, "b"), []byte("content c"), 0o644); err != nil { // same size
+		t.Fatal(err)
+	}
+	m2, _, err := BuildManifestCached(ctx, dir, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, _ := BuildManifest(ctx, dir)
+	if m2.Entries[1].SHA256 != "planted" {
+		t.Fatalf("unchanged file was hashed again: %s", m2.Entries[1].SHA256)
+	}
+	if m2.Entries[2].SHA256 != full.Entries[2].SHA256 || m2.Entries[2].SHA256 == m1.Entries[2].SHA256 {
+		t.Fatal("changed file kept its old hash")
+	}
+}

@@ -44,10 +44,30 @@ type Entry struct {
 // BuildManifest walks dir and hashes its regular files, runtime.NumCPU() at
 // a time.
 func BuildManifest(ctx context.Context, dir string) (*Manifest, error) {
+	m, _, err := BuildManifestCached(ctx, dir, nil)
+	return m, err
+}
+
+// FileKey identifies a file's contents without reading them: a btrfs
+// snapshot keeps its source's inode numbers and times, and any change to a
+// file's data changes its ctime, which nobody can set back.
+type FileKey struct {
+	Ino                uint64
+	Size, Mtime, Ctime int64
+}
+
+// HashCache maps the keys of files hashed before to their SHA-256.
+type HashCache map[FileKey]string
+
+// BuildManifestCached is BuildManifest that takes a file's hash from cache
+// when its key is there (the same file in an earlier snapshot of the same
+// tree), and returns the cache for this tree's files.
+func BuildManifestCached(ctx context.Context, dir string, cache HashCache) (*Manifest, HashCache, error) {
 	var (
 		entries []Entry
 		files   []int // indexes of entries to hash
 		links   = map[fileID]string{}
+		keys    = map[int]FileKey{}
 	)
 	err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
@@ -103,20 +123,30 @@ func BuildManifest(ctx context.Context, dir string) (*Manifest, error) {
 			}
 		}
 		if e.Type == "file" && e.Link == "" {
-			files = append(files, len(entries))
+			k := FileKey{Ino: st.Ino, Size: st.Size, Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano()}
+			keys[len(entries)] = k
+			if sum, ok := cache[k]; ok {
+				e.SHA256 = sum
+			} else {
+				files = append(files, len(entries))
+			}
 		}
 		entries = append(entries, e)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("manifest of %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("manifest of %s: %w", dir, err)
 	}
 	if err := hashFiles(ctx, dir, entries, files); err != nil {
-		return nil, fmt.Errorf("manifest of %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("manifest of %s: %w", dir, err)
+	}
+	next := make(HashCache, len(keys))
+	for i, k := range keys {
+		next[k] = entries[i].SHA256
 	}
 	m := &Manifest{Entries: entries}
 	m.Digest = m.digest()
-	return m, nil
+	return m, next, nil
 }
 
 func hashFiles(ctx context.Context, dir string, entries []Entry, files []int) error {
