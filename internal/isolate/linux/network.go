@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"net/netip"
 	"os"
@@ -267,7 +268,18 @@ func (n *Network) broadcast() netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
-func vethName(slot int) string { return "dv" + strconv.FormatInt(int64(slot), 36) }
+// vethName is the host end of the slot's veth (the sandbox end is the
+// same with "p", renamed eth0 inside). Interface names are host-wide, so a
+// bridge other than den0 (a second daemon, a test) gets names of its own:
+// "d" + a hash of the bridge name + "x" + slot.
+func (n *Network) vethName(slot int) string {
+	if n.cfg.Bridge == "den0" {
+		return "dv" + strconv.FormatInt(int64(slot), 36)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(n.cfg.Bridge))
+	return fmt.Sprintf("d%05xx%s", h.Sum32()&0xfffff, strconv.FormatInt(int64(slot), 36))
+}
 
 // Attach gives the network namespace of pid an eth0 on the bridge with the
 // slot's address and a default route through the gateway.
@@ -276,7 +288,7 @@ func (n *Network) Attach(pid, slot int) (netip.Addr, error) {
 	if err != nil {
 		return addr, err
 	}
-	host := vethName(slot)
+	host := n.vethName(slot)
 	peer := host + "p"
 	n.Detach(slot) // a leftover from a box that died with the daemon
 	la := netlink.NewLinkAttrs()
@@ -369,7 +381,7 @@ func (n *Network) Detach(slot int) error {
 			return err
 		}
 	}
-	l, err := netlink.LinkByName(vethName(slot))
+	l, err := netlink.LinkByName(n.vethName(slot))
 	if err != nil {
 		return nil
 	}
@@ -476,7 +488,7 @@ func shape(h *netlink.Handle, link netlink.Link, rate int64) error {
 // second (0: unlimited): the host end of the veth shapes what the sandbox
 // receives, the sandbox's eth0 what it sends.
 func (n *Network) SetBandwidth(pid, slot int, rate int64) error {
-	host, err := netlink.LinkByName(vethName(slot))
+	host, err := netlink.LinkByName(n.vethName(slot))
 	if err != nil {
 		return fmt.Errorf("sandbox interface: %w", err)
 	}
@@ -486,7 +498,7 @@ func (n *Network) SetBandwidth(pid, slot int, rate int64) error {
 	}
 	defer hh.Close()
 	if err := shape(hh, host, rate); err != nil {
-		return fmt.Errorf("shape %s: %w", vethName(slot), err)
+		return fmt.Errorf("shape %s: %w", n.vethName(slot), err)
 	}
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {

@@ -90,6 +90,10 @@ func TestUDPAllowances(t *testing.T) {
 	if got := set("udp4") + set("guard4") + set("guard6"); got != "" {
 		t.Fatalf("sets after the last allowance went: %q", got)
 	}
+	// Interface names are host-wide: another bridge's differ from den0's.
+	if v := n2.vethName(0); v == "dv0" || len(v)+1 > 15 {
+		t.Fatalf("veth name %q for bridge %s", v, cfg.Bridge)
+	}
 	// Slot and Addr6 agree.
 	if s, ok := n2.Slot(v6); !ok || s != 1 {
 		t.Fatalf("Slot(%s) = %d %v", v6, s, ok)
