@@ -208,6 +208,9 @@ func (m *Manager) Commit(ctx context.Context, id string, req api.CommitRequest) 
 	if err != nil {
 		return nil, err
 	}
+	if err := m.canonical(rec, spec); err != nil {
+		return nil, err
+	}
 	img := &api.Image{
 		Name: req.Name, Base: parent.Base, Layers: append([]string{}, parent.Layers...),
 		CreatedAt: time.Now().UTC(), Config: parent.Config, Size: parent.Size,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/store"
 )
@@ -165,6 +166,35 @@ func (m *Manager) RemoveSnapshot(ctx context.Context, idOrName string) error {
 	return nil
 }
 
+// canonicalizer is the optional ability of a runtime to convert a stopped
+// box's writable layers to the id layout in which files are stored as the
+// sandbox sees them (older daemons stored them shifted).
+type canonicalizer interface {
+	Canonicalize(spec *isolate.Spec) error
+}
+
+// canonical converts a stopped sandbox's files before they are copied
+// (commit, snapshot, fork). A running sandbox was converted when it started.
+func (m *Manager) canonical(rec *record, spec *isolate.Spec) error {
+	if rec.State == api.StateRunning || rec.State == api.StatePaused {
+		return nil
+	}
+	c, ok := m.rt.(canonicalizer)
+	if !ok {
+		return nil
+	}
+	if spec == nil {
+		var err error
+		if spec, err = m.spec(context.Background(), rec); err != nil {
+			return err
+		}
+	}
+	if err := c.Canonicalize(spec); err != nil {
+		return fmt.Errorf("convert the sandbox's files to the current layout: %w", err)
+	}
+	return nil
+}
+
 // frozen runs fn with the sandbox's processes frozen if it is running, so
 // that what fn copies is one instant of the sandbox's files. Call with the
 // sandbox locked. It reports whether a freeze happened.
@@ -210,6 +240,9 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 		Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
 	}
 	if err := os.MkdirAll(m.snapshotsDir(), 0o700); err != nil {
+		return nil, err
+	}
+	if err := m.canonical(rec, nil); err != nil {
 		return nil, err
 	}
 	dir := m.snapshotDir(snap.ID)
@@ -457,6 +490,11 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 			r.ExpiresAt = r.CreatedAt.Add(r.TTL.D())
 		}
 		recs = append(recs, r)
+	}
+	if err := m.canonical(src, nil); err != nil {
+		unlock()
+		release()
+		return nil, err
 	}
 	srcDir := filepath.Join(m.sandboxesDir(), src.ID)
 	start := time.Now()
