@@ -49,6 +49,7 @@ type Network struct {
 	cfg NetworkConfig
 	gw  netip.Addr
 	gw6 netip.Addr
+	no6 bool // the bridge has no IPv6: neither do the sandboxes
 
 	mu     sync.Mutex
 	udp    map[int][]netip.Prefix // per slot: UDP destinations forwarded (in the nft sets udp4, udp6)
@@ -167,12 +168,11 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 	if err := netlink.AddrReplace(br, addr); err != nil {
 		return nil, fmt.Errorf("address bridge %s: %w", cfg.Bridge, err)
 	}
-	// The bridge routes IPv6 only if the host lets it (disable_ipv6 off).
+	// IPv6 where the host has it (a host booted with ipv6.disable=1 gives
+	// its sandboxes IPv4 only).
 	setSysctl("net/ipv6/conf/"+cfg.Bridge+"/disable_ipv6", "0")
 	addr6 := &netlink.Addr{IPNet: &net.IPNet{IP: n.gw6.AsSlice(), Mask: net.CIDRMask(cfg.Subnet6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
-	if err := netlink.AddrReplace(br, addr6); err != nil {
-		return nil, fmt.Errorf("IPv6 address of bridge %s: %w", cfg.Bridge, err)
-	}
+	n.no6 = netlink.AddrReplace(br, addr6) != nil
 	if err := netlink.LinkSetUp(br); err != nil {
 		return nil, fmt.Errorf("bring up bridge %s: %w", cfg.Bridge, err)
 	}
@@ -181,9 +181,9 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 	// interfaces, for the UDP that allow_cidr rules let out; the forward
 	// chain drops the rest. IPv6 needs force_forwarding (Linux 6.17+):
 	// without it, UDP over IPv6 stays dropped even where a CIDR names it.
-	if err := setSysctl("net/ipv4/conf/"+cfg.Bridge+"/forwarding", "1"); err != nil {
-		return nil, err
-	}
+	// (Where /proc/sys is read-only, UDP stays dropped; TCP and DNS do not
+	// need forwarding.)
+	setSysctl("net/ipv4/conf/"+cfg.Bridge+"/forwarding", "1")
 	setSysctl("net/ipv6/conf/"+cfg.Bridge+"/force_forwarding", "1")
 	n.restoreUDP()
 	if err := n.installRules(); err != nil {
@@ -354,7 +354,7 @@ func (n *Network) Attach(pid, slot int) (netip.Addr, error) {
 	// route through the gateway. A namespace whose IPv6 is off keeps IPv4.
 	v6 := n.v6(addr)
 	ip6 := &netlink.Addr{IPNet: &net.IPNet{IP: v6.AsSlice(), Mask: net.CIDRMask(n.cfg.Subnet6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
-	has6 := h.AddrAdd(inner, ip6) == nil
+	has6 := !n.no6 && h.AddrAdd(inner, ip6) == nil
 	if err := h.LinkSetUp(inner); err != nil {
 		return addr, err
 	}
@@ -604,11 +604,9 @@ func (n *Network) SetUDPAllow(slot int, cidrs []netip.Prefix) error {
 		}
 		return fmt.Errorf("sandbox UDP rules: %v: %s", err, bytes.TrimSpace(out))
 	}
-	for fam := range flip { // the guards are in place: forwarding on
+	for fam := range flip { // the guards are in place: forwarding on (where /proc/sys lets den: else no replies)
 		for _, dev := range flip[fam] {
-			if err := setSysctl(forwardingKey(fam, dev), "1"); err != nil && fam == 0 {
-				return err
-			}
+			setSysctl(forwardingKey(fam, dev), "1")
 		}
 	}
 	return nil
