@@ -268,32 +268,38 @@ func loadToken(path string) (string, error) {
 // bridge's gateway address, for the sandboxes only.
 func startEgress(nw *linux.Network, m *sandbox.Manager) (*egress.Server, error) {
 	tp, dnsPort, hp := nw.Ports()
-	gw := nw.Gateway().String()
 	eg := egress.New(egress.Config{
-		Sandbox: m.SandboxForAddr, Log: m.NetEvent, Deny: []netip.Prefix{nw.Subnet()},
+		Sandbox: m.SandboxForAddr, Log: m.NetEvent, Deny: []netip.Prefix{nw.Subnet(), nw.Subnet6()},
 		CA: m.SandboxCA, Attribute: m.Attribute,
 	})
-	listen := func(port int) (net.Listener, error) {
-		return net.Listen("tcp4", net.JoinHostPort(gw, strconv.Itoa(port)))
+	// The same servers on the gateway's IPv4 and IPv6 addresses: nftables
+	// sends each family's traffic to its own.
+	for _, fam := range []struct {
+		tcp, udp string
+		gw       netip.Addr
+	}{{"tcp4", "udp4", nw.Gateway()}, {"tcp6", "udp6", nw.Gateway6()}} {
+		listen := func(port int) (net.Listener, error) {
+			return net.Listen(fam.tcp, net.JoinHostPort(fam.gw.String(), strconv.Itoa(port)))
+		}
+		tl, err := listen(tp)
+		if err != nil {
+			return nil, fmt.Errorf("egress proxy: %w", err)
+		}
+		hl, err := listen(hp)
+		if err != nil {
+			return nil, fmt.Errorf("egress http proxy: %w", err)
+		}
+		dl, err := listen(dnsPort)
+		if err != nil {
+			return nil, fmt.Errorf("egress dns: %w", err)
+		}
+		pc, err := net.ListenPacket(fam.udp, net.JoinHostPort(fam.gw.String(), strconv.Itoa(dnsPort)))
+		if err != nil {
+			return nil, fmt.Errorf("egress dns: %w", err)
+		}
+		go eg.ServeTransparent(tl)
+		go eg.ServeProxy(hl)
+		go eg.ServeDNS(pc, dl)
 	}
-	tl, err := listen(tp)
-	if err != nil {
-		return nil, fmt.Errorf("egress proxy: %w", err)
-	}
-	hl, err := listen(hp)
-	if err != nil {
-		return nil, fmt.Errorf("egress http proxy: %w", err)
-	}
-	dl, err := listen(dnsPort)
-	if err != nil {
-		return nil, fmt.Errorf("egress dns: %w", err)
-	}
-	pc, err := net.ListenPacket("udp4", net.JoinHostPort(gw, strconv.Itoa(dnsPort)))
-	if err != nil {
-		return nil, fmt.Errorf("egress dns: %w", err)
-	}
-	go eg.ServeTransparent(tl)
-	go eg.ServeProxy(hl)
-	go eg.ServeDNS(pc, dl)
 	return eg, nil
 }
