@@ -652,3 +652,43 @@ echo mine > /work/owned; chown 1500:1500 /work/owned; chmod 4750 /work/owned`)
 		t.Fatalf("sandbox from a loaded snapshot: %q %q", got, r.Stderr)
 	}
 }
+
+// TestSnapshotDiskFull: snapshots taken while the sandbox fills its disk
+// quota either succeed whole or fail cleanly, and the source loses nothing
+// it wrote.
+func TestSnapshotDiskFull(t *testing.T) {
+	e := newBtrfsEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{Limits: api.Limits{Disk: 16 << 20}})
+	if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: `i=0; while echo "line $i" >> /root/log; do i=$((i+1)); done; echo full > /root/full-marker 2>/dev/null; dd if=/dev/zero of=/root/fill bs=1M count=100 2>/dev/null; echo done > /dev/null`}); err != nil {
+		t.Fatal(err)
+	}
+	var ok int
+	for i := 0; i < 15; i++ {
+		s, err := e.c.Snapshot(ctx, sb.ID, api.SnapshotRequest{})
+		if err == nil {
+			ok++
+			if _, err := os.Stat(filepath.Join(e.m.SnapshotsDir(), s.ID, "upper")); err != nil {
+				t.Fatalf("snapshot %s recorded without its files: %v", s.ID, err)
+			}
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	if ok == 0 {
+		t.Fatal("no snapshot succeeded")
+	}
+	ents, _ := os.ReadDir(e.m.SnapshotsDir())
+	list, _ := e.c.Snapshots(ctx, sb.ID)
+	if len(ents) != len(list) {
+		t.Fatalf("%d snapshot trees for %d snapshots: a half snapshot is visible", len(ents), len(list))
+	}
+	// Whatever the writer managed to write is there, in order.
+	r := e.sh(t, sb.ID, `n=0; while read -r a b; do [ "$b" = "$n" ] || { echo "gap at $n: $a $b"; exit 1; }; n=$((n+1)); done < /root/log; echo ok $n`)
+	if !strings.HasPrefix(string(r.Stdout), "ok ") {
+		t.Fatalf("source log after a full disk: %q", r.Stdout)
+	}
+	// The sandbox still works once space is freed.
+	if got := string(e.sh(t, sb.ID, "rm -f /root/fill /root/log; echo fine > /root/after && cat /root/after").Stdout); got != "fine\n" {
+		t.Fatalf("after freeing space: %q", got)
+	}
+}
