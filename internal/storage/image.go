@@ -189,6 +189,7 @@ func attachLoop(image string) (string, int, error) {
 
 // mountImage attaches image to a loop device and mounts it at dir.
 func mountImage(image, dir string) error {
+	waitLoopsGone(image, 5*time.Second)
 	dev, fd, err := attachLoop(image)
 	if err != nil {
 		return err
@@ -232,4 +233,27 @@ func limitDirty(fsid string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(bdi, "strict_limit"), []byte("1"), 0)
+}
+
+// waitLoopsGone waits (up to limit) until no loop device is backed by
+// image: after an unmount, an autoclear loop device is torn down
+// asynchronously, and mounting the same filesystem through a new loop
+// device while the old one is still registered with btrfs can read a stale
+// view of it.
+func waitLoopsGone(image string, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for {
+		busy := false
+		files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == image {
+				busy = true
+				break
+			}
+		}
+		if !busy || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
