@@ -179,6 +179,21 @@ func (m *Manager) lock(id string) func() {
 	return l.Unlock
 }
 
+// lockRecord finds a sandbox, locks it for one lifecycle operation and
+// reads its record again under the lock (another operation may have
+// changed it meanwhile). Call unlock when done.
+func (m *Manager) lockRecord(ctx context.Context, id string) (rec *record, unlock func(), err error) {
+	if rec, err = m.get(ctx, id); err != nil {
+		return nil, nil, err
+	}
+	unlock = m.lock(rec.ID)
+	if rec, err = m.get(ctx, rec.ID); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return rec, unlock, nil
+}
+
 // recover rebuilds the in-memory state after a (re)start.
 func (m *Manager) recover(ctx context.Context) error {
 	all, err := m.db.ListSandboxes(ctx, nil)
@@ -607,11 +622,10 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]*api.Sa
 
 // Stop kills a sandbox's processes and keeps its files. Idempotent.
 func (m *Manager) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
-	rec, err := m.get(ctx, id)
+	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
 	if err := m.stopLocked(ctx, rec); err != nil {
 		return nil, err
@@ -660,15 +674,11 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 
 // Start boots a stopped sandbox again with its files as they were.
 func (m *Manager) Start(ctx context.Context, id string) (*api.Sandbox, error) {
-	rec, err := m.get(ctx, id)
+	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	if rec, err = m.get(ctx, rec.ID); err != nil {
-		return nil, err
-	}
 	switch rec.State {
 	case api.StateRunning:
 		return &rec.Sandbox, nil
@@ -688,15 +698,11 @@ func (m *Manager) Start(ctx context.Context, id string) (*api.Sandbox, error) {
 
 // Remove deletes a sandbox and its files. A running sandbox needs force.
 func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
-	rec, err := m.get(ctx, id)
+	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	if rec, err = m.get(ctx, rec.ID); err != nil {
-		return err
-	}
 	if (rec.State == api.StateRunning || rec.State == api.StatePaused) && !force {
 		return api.Errorf(api.KindConflict, "sandbox %s is %s: stop it first or remove with force (den rm -f)", rec.ID[:12], rec.State)
 	}
@@ -761,15 +767,16 @@ func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *api.San
 		return nil, nil, err
 	}
 	if rec.State == api.StatePaused || rec.State == api.StateHibernated {
-		unlock := m.lock(rec.ID)
-		rec, err = m.get(ctx, rec.ID)
-		if err == nil {
-			err = m.resumeLocked(ctx, rec)
+		locked, unlock, err := m.lockRecord(ctx, rec.ID)
+		if err != nil {
+			return nil, nil, err
 		}
+		err = m.resumeLocked(ctx, locked)
 		unlock()
 		if err != nil {
 			return nil, nil, err
 		}
+		rec = locked
 	}
 	m.mu.Lock()
 	b := m.boxes[rec.ID]

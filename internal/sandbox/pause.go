@@ -18,15 +18,11 @@ type pauser interface {
 // Pause freezes every process of a running sandbox: no CPU is used, memory
 // and connections are kept, and any use of the sandbox resumes it.
 func (m *Manager) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
-	rec, err := m.get(ctx, id)
+	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	if rec, err = m.get(ctx, rec.ID); err != nil {
-		return nil, err
-	}
 	switch rec.State {
 	case api.StatePaused:
 		return &rec.Sandbox, nil
@@ -55,15 +51,11 @@ func (m *Manager) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
 // (no memory checkpoints) its processes end; resume starts it again with
 // its files and services, and says so (Resumed "restarted").
 func (m *Manager) Hibernate(ctx context.Context, id string) (*api.Sandbox, error) {
-	rec, err := m.get(ctx, id)
+	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	if rec, err = m.get(ctx, rec.ID); err != nil {
-		return nil, err
-	}
 	switch rec.State {
 	case api.StateHibernated:
 		return &rec.Sandbox, nil
@@ -81,15 +73,11 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (*api.Sandbox, error
 // Resume brings a paused or hibernated sandbox back. Resuming a running
 // sandbox does nothing.
 func (m *Manager) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
-	rec, err := m.get(ctx, id)
+	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(rec.ID)
 	defer unlock()
-	if rec, err = m.get(ctx, rec.ID); err != nil {
-		return nil, err
-	}
 	if err := m.resumeLocked(ctx, rec); err != nil {
 		return nil, err
 	}

@@ -51,11 +51,6 @@ func (m *Manager) ImageStore() *image.Store { return m.images }
 // storeRoot is where sandbox, snapshot and volume trees live.
 func (m *Manager) storeRoot() string { return m.cfg.Storage.Root() }
 
-// Storage describes the storage backend, for den info.
-func (m *Manager) Storage() (kind, why string, quotas bool) {
-	return m.cfg.Storage.Kind(), m.cfg.Storage.Why(), m.cfg.Storage.Quotas()
-}
-
 // newTree makes a sandbox's (empty) state directory.
 func (m *Manager) newTree(dir string) error { return m.cfg.Storage.Create(dir) }
 
@@ -221,20 +216,16 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 	if req.Name != "" && !validName(req.Name) {
 		return nil, api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
 	}
-	rec, err := m.get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
 	if req.Name != "" {
 		if _, err := m.db.GetObject(ctx, kindSnapshot, req.Name); err == nil {
 			return nil, api.Errorf(api.KindExists, "a snapshot named %q already exists", req.Name)
 		}
 	}
-	unlock := m.lock(rec.ID)
-	defer unlock()
-	if rec, err = m.get(ctx, rec.ID); err != nil {
+	rec, unlock, err := m.lockRecord(ctx, id)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	snap := &api.Snapshot{
 		ID: newID(), Name: req.Name, Sandbox: rec.ID, Image: rec.Image, CreatedAt: time.Now().UTC(),
 		Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
@@ -457,13 +448,8 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 	if err := validateCreate(&api.CreateRequest{Labels: req.Labels}); err != nil {
 		return nil, err
 	}
-	src, err := m.get(ctx, id)
+	src, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
-		return nil, err
-	}
-	unlock := m.lock(src.ID)
-	if src, err = m.get(ctx, src.ID); err != nil {
-		unlock()
 		return nil, err
 	}
 	var recs []*record
