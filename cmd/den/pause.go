@@ -26,13 +26,14 @@ var verbResume = &verb{
 	synopsis: "[flags] ID...",
 	example:  "den resume web",
 	run: func(c *cli, v *verb, args []string) error {
+		var flags *flagSet // its json field is set once eachSandbox parses args
 		return c.eachSandbox(v, args, func(cl *client.Client, id string) (*api.Sandbox, error) {
 			sb, err := cl.Resume(context.Background(), id)
-			if err == nil && sb.Resumed != "" && !c.quietJSON(args) {
+			if err == nil && sb.Resumed != "" && !flags.json {
 				fmt.Fprintf(c.stderr, "%s: %s\n", sb.ID[:12], resumedText(sb.Resumed))
 			}
 			return sb, err
-		})
+		}, func(f *flagSet) { flags = f })
 	},
 }
 
@@ -58,15 +59,4 @@ func resumedText(how string) string {
 		return "restarted (files kept; processes and services started anew)"
 	}
 	return how
-}
-
-// quietJSON reports whether args ask for JSON output (then only JSON goes
-// to stdout and nothing chatty to stderr either).
-func (c *cli) quietJSON(args []string) bool {
-	for _, a := range args {
-		if a == "--json" || a == "-json" {
-			return true
-		}
-	}
-	return false
 }
