@@ -1584,13 +1584,9 @@ func (b *bench) imageSize(ctx context.Context) (err error) {
 		{big, "head -c 1073741824 /dev/urandom > /var/tmp/big.bin"},
 	} {
 		fmt.Fprintf(b.errw, "image-size: making %s\n", img.name)
-		sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
-		if err != nil {
+		sb, err := b.filled(ctx, img.fill)
+		if sb == nil {
 			return err
-		}
-		res, err := b.cl.Exec(ctx, sb.ID, api.ExecRequest{Shell: img.fill, Timeout: api.Duration(10 * time.Minute)})
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("%s: exit %d %s", img.fill, res.ExitCode, res.Stderr)
 		}
 		if err == nil {
 			_, err = b.cl.Commit(ctx, sb.ID, api.CommitRequest{Name: img.name})

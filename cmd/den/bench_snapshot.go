@@ -30,23 +30,12 @@ const (
 // disk to fork costs) as the peer.
 func (b *bench) snapshot(ctx context.Context) error {
 	n := b.iterations(benchSnapN)
-	mk := func(fill string) (*api.Sandbox, error) {
-		sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
-		if err != nil {
-			return nil, err
-		}
-		res, err := b.cl.Exec(ctx, sb.ID, api.ExecRequest{Shell: fill, Timeout: api.Duration(10 * time.Minute)})
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("%s: exit %d %s", fill, res.ExitCode, res.Stderr)
-		}
-		return sb, err
-	}
 	fmt.Fprintln(b.errw, "snapshot: writing 1 GiB (16 × 64 MiB files) in a sandbox")
-	big, err := mk("mkdir -p /root/data && for i in $(seq 16); do head -c 67108864 /dev/urandom > /root/data/f$i; done; sync")
+	big, err := b.filled(ctx, "mkdir -p /root/data && for i in $(seq 16); do head -c 67108864 /dev/urandom > /root/data/f$i; done; sync")
 	if err != nil {
 		return err
 	}
-	empty, err := mk("true")
+	empty, err := b.filled(ctx, "true")
 	if err != nil {
 		return err
 	}
@@ -140,6 +129,20 @@ func (b *bench) snapshot(ctx context.Context) error {
 	}
 	b.add(rows...)
 	return nil
+}
+
+// filled creates a sandbox (labelled for this run) and runs the shell
+// script fill in it; the sandbox is returned even when fill fails.
+func (b *bench) filled(ctx context.Context, fill string) (*api.Sandbox, error) {
+	sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
+	if err != nil {
+		return nil, err
+	}
+	res, err := b.cl.Exec(ctx, sb.ID, api.ExecRequest{Shell: fill, Timeout: api.Duration(10 * time.Minute)})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("%s: exit %d %s", fill, res.ExitCode, res.Stderr)
+	}
+	return sb, err
 }
 
 // pause: pause and resume of a sandbox running a busy process.
