@@ -634,16 +634,12 @@ func (m *Manager) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
 }
 
 func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
-	if err := m.haltLocked(ctx, rec, api.StateStopped); err != nil {
-		return err
-	}
-	return nil
+	return m.haltLocked(ctx, rec, api.StateStopped)
 }
 
 // haltLocked ends every process of a sandbox, keeps its files and records
 // it in state (stopped or hibernated).
 func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) error {
-	m.thawLocked(rec)
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
@@ -706,7 +702,6 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	if (rec.State == api.StateRunning || rec.State == api.StatePaused) && !force {
 		return api.Errorf(api.KindConflict, "sandbox %s is %s: stop it first or remove with force (den rm -f)", rec.ID[:12], rec.State)
 	}
-	m.thawLocked(rec)
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)

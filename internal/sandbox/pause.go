@@ -114,19 +114,6 @@ func (m *Manager) resumeLocked(ctx context.Context, rec *record) error {
 	return nil
 }
 
-// thawLocked lets a paused sandbox's processes run again so that they can
-// be killed (frozen processes do not die) or copied consistently.
-func (m *Manager) thawLocked(rec *record) {
-	if rec.State != api.StatePaused {
-		return
-	}
-	if p, ok := m.box(rec.ID).(pauser); ok {
-		if err := p.Resume(context.Background()); err != nil {
-			m.log.Warn("thaw sandbox", "id", rec.ID, "err", err)
-		}
-	}
-}
-
 func msSince(t time.Time) float64 {
 	return float64(time.Since(t).Microseconds()) / 1000
 }
