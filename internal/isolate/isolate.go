@@ -114,6 +114,20 @@ type Pauser interface {
 	Resume(ctx context.Context) error
 }
 
+// Checkpointer is the optional ability of a runtime to save a running
+// box's processes and memory to a directory and boot them again from it:
+// hibernate, and snapshots and forks that keep running processes.
+type Checkpointer interface {
+	// Checkpoint writes box b's state into dir (which it creates). With
+	// keepRunning the box runs on afterwards; otherwise it is stopped as by
+	// Stop (its storage stays).
+	Checkpoint(ctx context.Context, b Box, dir string, keepRunning bool) error
+	// Restore boots spec's box from a checkpoint in dir, taken of it or of
+	// the box its files were copied from (a fork), with the processes
+	// running on where they were.
+	Restore(ctx context.Context, spec *Spec, dir string) (Box, error)
+}
+
 // Stats is a box's live resource use.
 type Stats struct {
 	CPU        time.Duration // CPU time used since the box started
