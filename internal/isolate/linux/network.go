@@ -284,6 +284,27 @@ func (n *Network) vethName(slot int) string {
 // Attach gives the network namespace of pid an eth0 on the bridge with the
 // slot's address and a default route through the gateway.
 func (n *Network) Attach(pid, slot int) (netip.Addr, error) {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("open network namespace of %d: %w", pid, err)
+	}
+	defer ns.Close()
+	return n.attach(ns, slot)
+}
+
+// AttachPath is Attach for the network namespace pinned at path (see
+// CreateNetNS), for tiers whose box process joins it later (gVisor's
+// sandbox, a microVM's tap device).
+func (n *Network) AttachPath(path string, slot int) (netip.Addr, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("open network namespace %s: %w", path, err)
+	}
+	defer ns.Close()
+	return n.attach(ns, slot)
+}
+
+func (n *Network) attach(ns netns.NsHandle, slot int) (netip.Addr, error) {
 	addr, err := n.Addr(slot)
 	if err != nil {
 		return addr, err
@@ -303,11 +324,6 @@ func (n *Network) Attach(pid, slot int) (netip.Addr, error) {
 			n.Detach(slot)
 		}
 	}()
-	ns, err := netns.GetFromPid(pid)
-	if err != nil {
-		return addr, fmt.Errorf("open network namespace of %d: %w", pid, err)
-	}
-	defer ns.Close()
 	hostLink, err := netlink.LinkByName(host)
 	if err != nil {
 		return addr, err
@@ -488,6 +504,25 @@ func shape(h *netlink.Handle, link netlink.Link, rate int64) error {
 // second (0: unlimited): the host end of the veth shapes what the sandbox
 // receives, the sandbox's eth0 what it sends.
 func (n *Network) SetBandwidth(pid, slot int, rate int64) error {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return n.setBandwidth(ns, slot, rate)
+}
+
+// SetBandwidthPath is SetBandwidth for a namespace pinned at path.
+func (n *Network) SetBandwidthPath(path string, slot int, rate int64) error {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return n.setBandwidth(ns, slot, rate)
+}
+
+func (n *Network) setBandwidth(ns netns.NsHandle, slot int, rate int64) error {
 	host, err := netlink.LinkByName(n.vethName(slot))
 	if err != nil {
 		return fmt.Errorf("sandbox interface: %w", err)
@@ -500,11 +535,6 @@ func (n *Network) SetBandwidth(pid, slot int, rate int64) error {
 	if err := shape(hh, host, rate); err != nil {
 		return fmt.Errorf("shape %s: %w", n.vethName(slot), err)
 	}
-	ns, err := netns.GetFromPid(pid)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return err
