@@ -1,0 +1,453 @@
+// Package isolatetest is the conformance suite every isolation tier runs:
+// the behaviour den's manager relies on, checked the same way for linux
+// namespaces, gVisor and microVMs. A tier's test calls Run with its
+// runtime and a spec builder; optional abilities (pause, checkpoint,
+// stats, dial) are tested when the tier's boxes have them.
+//
+// The commands used are busybox applets (sh, echo, cat, sleep, id,
+// hostname, ls, wc, cut, stat, grep, ln), so a tier may test with a busybox
+// root.
+package isolatetest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/isolate"
+)
+
+// Harness is what a tier gives the suite.
+type Harness struct {
+	Runtime isolate.Runtime
+	// Spec returns the spec of a new box named id (unique per call): a
+	// root filesystem with a shell and the busybox applets above, its
+	// Dir in a fresh temporary directory, and no network.
+	Spec func(t *testing.T, id string) *isolate.Spec
+	// Timeout bounds each step (default 60 s; a TCG-emulated VM boots in
+	// seconds).
+	Timeout time.Duration
+}
+
+// Run runs the suite. Each part is a subtest with its own box.
+func Run(t *testing.T, h Harness) {
+	if h.Timeout == 0 {
+		h.Timeout = 60 * time.Second
+	}
+	t.Run("Exec", func(t *testing.T) { testExec(t, h) })
+	t.Run("Files", func(t *testing.T) { testFiles(t, h) })
+	t.Run("StopKeepsFiles", func(t *testing.T) { testStopKeepsFiles(t, h) })
+	t.Run("Background", func(t *testing.T) { testBackground(t, h) })
+	t.Run("Destroy", func(t *testing.T) { testDestroy(t, h) })
+	t.Run("Pause", func(t *testing.T) { testPause(t, h) })
+	t.Run("Checkpoint", func(t *testing.T) { testCheckpoint(t, h) })
+	t.Run("Stats", func(t *testing.T) { testStats(t, h) })
+}
+
+func (h Harness) ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// start boots a box and registers its stop and destroy.
+func (h Harness) start(t *testing.T, spec *isolate.Spec) isolate.Box {
+	t.Helper()
+	b, err := h.Runtime.Start(h.ctx(t), spec)
+	if err != nil {
+		t.Fatalf("start %s: %v", spec.ID, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
+		defer cancel()
+		b.Stop(ctx)
+		h.Runtime.Destroy(ctx, spec)
+	})
+	return b
+}
+
+// Result is the outcome of one command.
+type Result struct {
+	Stdout, Stderr string
+	Exit           api.ExitStatus
+}
+
+// Exec runs argv in a box through its agent and collects the result.
+func Exec(ctx context.Context, c *agent.Client, spec *agent.ExecSpec) (Result, error) {
+	var res Result
+	if spec.Timeout == 0 {
+		spec.Timeout = 30 * time.Second
+	}
+	rc, err := c.Exec(ctx, spec)
+	if err != nil {
+		return res, err
+	}
+	defer rc.Close()
+	var out, errb bytes.Buffer
+	fr := api.NewFrameReader(rc)
+	for {
+		typ, p, err := fr.Next()
+		if err == io.EOF {
+			return res, fmt.Errorf("exec %q: stream ended without an exit status", spec.Argv)
+		}
+		if err != nil {
+			return res, fmt.Errorf("exec %q: %w", spec.Argv, err)
+		}
+		switch typ {
+		case api.FrameStdout:
+			out.Write(p)
+		case api.FrameStderr:
+			errb.Write(p)
+		case api.FrameExit:
+			json.Unmarshal(p, &res.Exit)
+			res.Stdout, res.Stderr = out.String(), errb.String()
+			return res, nil
+		case api.FrameError:
+			return res, fmt.Errorf("exec %q: %s", spec.Argv, p)
+		}
+	}
+}
+
+func sh(t *testing.T, ctx context.Context, b isolate.Box, script string) Result {
+	t.Helper()
+	res, err := Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func mustSh(t *testing.T, ctx context.Context, b isolate.Box, script string) string {
+	t.Helper()
+	res := sh(t, ctx, b, script)
+	if res.Exit.ExitCode != 0 || res.Exit.Signal != "" {
+		t.Fatalf("%q: exit %+v, stdout %q, stderr %q", script, res.Exit, res.Stdout, res.Stderr)
+	}
+	return res.Stdout
+}
+
+func testExec(t *testing.T, h Harness) {
+	spec := h.Spec(t, "cexec")
+	b := h.start(t, spec)
+	ctx := h.ctx(t)
+	if b.Pid() <= 0 {
+		t.Errorf("Pid() = %d, want the host pid of the box's first process", b.Pid())
+	}
+	res := sh(t, ctx, b, "echo out; echo err >&2; exit 3")
+	if res.Stdout != "out\n" || res.Stderr != "err\n" || res.Exit.ExitCode != 3 {
+		t.Fatalf("stdout %q stderr %q exit %+v; want out, err, 3", res.Stdout, res.Stderr, res.Exit)
+	}
+	// Identity: root inside, the spec's hostname, its own pid 1.
+	out := mustSh(t, ctx, b, "id -u; hostname; echo $$")
+	lines := strings.Fields(out)
+	if len(lines) != 3 || lines[0] != "0" || lines[1] != spec.Hostname {
+		t.Fatalf("id/hostname: %q (want 0 and %q)", out, spec.Hostname)
+	}
+	// The box sees only its own processes.
+	out = mustSh(t, ctx, b, "ls /proc | grep -c '^[0-9]'")
+	if n, _ := strconv.Atoi(strings.TrimSpace(out)); n <= 0 || n > 20 {
+		t.Fatalf("processes visible inside: %q, want a handful", out)
+	}
+	// Standard input reaches the command.
+	res, err := Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "cat; echo ."}, Stdin: []byte("piped\n")})
+	if err != nil || res.Stdout != "piped\n.\n" {
+		t.Fatalf("stdin: %q %v", res.Stdout, err)
+	}
+	// A signal ends a command and is reported.
+	res = sh(t, ctx, b, "kill -9 $$")
+	if res.Exit.Signal == "" && res.Exit.ExitCode != 137 {
+		t.Fatalf("killed command: exit %+v", res.Exit)
+	}
+	// A missing program is an error frame or exit 127, never a hang.
+	r2, err := Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/no/such/program"}})
+	if err == nil && r2.Exit.ExitCode == 0 {
+		t.Fatalf("missing program ran: %+v", r2)
+	}
+	// Writes stay out of the host's image layers.
+	mustSh(t, ctx, b, "echo hi > /etc/den-conformance")
+	for _, l := range spec.Layers {
+		for _, low := range l.Lowers {
+			if _, err := os.Stat(filepath.Join(low, "etc/den-conformance")); err == nil {
+				t.Fatalf("a write inside reached the lower layer %s", low)
+			}
+		}
+	}
+}
+
+func testFiles(t *testing.T, h Harness) {
+	b := h.start(t, h.Spec(t, "cfiles"))
+	ctx := h.ctx(t)
+	c := b.Agent()
+	data := bytes.Repeat([]byte("den\x00\xff"), 100000)
+	q := url.Values{"path": {"/root/blob"}, "mode": {"0600"}}
+	resp, err := c.Do(ctx, "PUT", "/files", q, bytes.NewReader(data), nil)
+	if err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	resp.Body.Close()
+	out := mustSh(t, ctx, b, "wc -c < /root/blob; ls -l /root/blob | cut -c1-10")
+	if f := strings.Fields(out); len(f) != 2 || f[0] != strconv.Itoa(len(data)) || f[1] != "-rw-------" {
+		t.Fatalf("file written through the agent, seen inside: %q", out)
+	}
+	resp, err = c.Do(ctx, "GET", "/files", url.Values{"path": {"/root/blob"}}, nil, nil)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes (%v), want %d", len(got), err, len(data))
+	}
+	// A symlink inside cannot lead a file operation out of the box.
+	mustSh(t, ctx, b, "ln -s / /root/up && ln -s ../../../../../etc/hostname /root/hn")
+	resp, err = c.Do(ctx, "GET", "/files", url.Values{"path": {"/root/up/etc/hostname"}}, nil, nil)
+	if err == nil {
+		inside, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		host, _ := os.ReadFile("/etc/hostname")
+		if len(host) > 0 && bytes.Equal(inside, host) && !strings.Contains(mustSh(t, ctx, b, "cat /etc/hostname 2>/dev/null || true"), strings.TrimSpace(string(host))) {
+			t.Fatal("a symlink led a read to the host's /etc/hostname")
+		}
+	}
+	if _, err := c.Do(ctx, "GET", "/files", url.Values{"path": {"/no/such/file"}}, nil, nil); err == nil {
+		t.Fatal("reading a missing file succeeded")
+	}
+}
+
+func testStopKeepsFiles(t *testing.T, h Harness) {
+	spec := h.Spec(t, "cstop")
+	ctx := h.ctx(t)
+	b, err := h.Runtime.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Runtime.Destroy(context.Background(), spec) })
+	mustSh(t, ctx, b, "mkdir -p /srv/keep && echo kept > /srv/keep/file && chown 1000:1000 /srv/keep/file")
+	if err := b.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	select {
+	case <-b.Done():
+	case <-ctx.Done():
+		t.Fatal("Done not closed after Stop")
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
+	b2, err := h.Runtime.Start(ctx, spec)
+	if err != nil {
+		t.Fatalf("start again: %v", err)
+	}
+	defer b2.Stop(context.Background())
+	out := mustSh(t, ctx, b2, "cat /srv/keep/file; stat -c %u:%g /srv/keep/file")
+	if out != "kept\n1000:1000\n" {
+		t.Fatalf("after a restart: %q, want the file and its owner 1000:1000", out)
+	}
+}
+
+func testBackground(t *testing.T, h Harness) {
+	b := h.start(t, h.Spec(t, "cbg"))
+	ctx := h.ctx(t)
+	var st api.ProcessInfo
+	err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.1; done"}, Name: "ticker"}, &st)
+	if err != nil {
+		t.Fatalf("start background process: %v", err)
+	}
+	if st.ID == "" {
+		t.Fatalf("no process id in %+v", st)
+	}
+	// Commands come and go while it runs.
+	first := tick(t, ctx, b)
+	for i := 0; i < 5; i++ {
+		mustSh(t, ctx, b, "true")
+	}
+	waitTicks(t, ctx, b, first+3)
+	var procs []api.ProcessInfo
+	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range procs {
+		found = found || (p.ID == st.ID && p.State == "running")
+	}
+	if !found {
+		t.Fatalf("background process %s not listed as running: %+v", st.ID, procs)
+	}
+}
+
+// tick reads the ticker's counter (0 when it has not written yet).
+func tick(t *testing.T, ctx context.Context, b isolate.Box) int {
+	t.Helper()
+	n, _ := strconv.Atoi(strings.TrimSpace(mustSh(t, ctx, b, "cat /tmp/tick 2>/dev/null || echo 0")))
+	return n
+}
+
+func waitTicks(t *testing.T, ctx context.Context, b isolate.Box, want int) int {
+	t.Helper()
+	for {
+		n := tick(t, ctx, b)
+		if n >= want {
+			return n
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the background counter stayed at %d (want %d)", n, want)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func startTicker(t *testing.T, ctx context.Context, b isolate.Box) {
+	t.Helper()
+	var st api.ProcessInfo
+	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.1; done"}}, &st); err != nil {
+		t.Fatalf("start ticker: %v", err)
+	}
+}
+
+func testDestroy(t *testing.T, h Harness) {
+	spec := h.Spec(t, "cdestroy")
+	ctx := h.ctx(t)
+	b, err := h.Runtime.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, ctx, b, "echo x > /root/x")
+	// Destroy of a running box is the daemon's clean-up after a crash:
+	// stop first as the manager does, then destroy twice.
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := h.Runtime.Destroy(ctx, spec); err != nil {
+			t.Fatalf("destroy %d: %v", i+1, err)
+		}
+	}
+	if _, err := os.Stat(spec.Dir); !os.IsNotExist(err) {
+		t.Fatalf("box storage %s still there after Destroy: %v", spec.Dir, err)
+	}
+	// A box that never started destroys cleanly too.
+	never := h.Spec(t, "cnever")
+	if err := h.Runtime.Destroy(ctx, never); err != nil {
+		t.Fatalf("destroy of a box never started: %v", err)
+	}
+}
+
+func testPause(t *testing.T, h Harness) {
+	b := h.start(t, h.Spec(t, "cpause"))
+	p, ok := b.(isolate.Pauser)
+	if !ok {
+		t.Skipf("%s boxes cannot pause", h.Runtime.Name())
+	}
+	ctx := h.ctx(t)
+	startTicker(t, ctx, b)
+	before := waitTicks(t, ctx, b, 2)
+	if err := p.Pause(ctx); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if err := p.Pause(ctx); err != nil {
+		t.Fatalf("second pause: %v", err)
+	}
+	// Nothing runs while paused: an exec cannot be answered.
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err := Exec(short, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "cat /tmp/tick"}})
+	cancel()
+	if err == nil {
+		t.Fatal("a paused box answered an exec")
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := p.Resume(ctx); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if err := p.Resume(ctx); err != nil {
+		t.Fatalf("second resume: %v", err)
+	}
+	after := tick(t, ctx, b)
+	// At 10 ticks a second, 0.8 s of pause would have added about 8.
+	if after > before+5 {
+		t.Fatalf("the counter ran while paused: %d before, %d right after", before, after)
+	}
+	waitTicks(t, ctx, b, after+2)
+	// A paused box can be stopped.
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatalf("stop of a paused box: %v", err)
+	}
+}
+
+func testCheckpoint(t *testing.T, h Harness) {
+	cp, ok := h.Runtime.(isolate.Checkpointer)
+	if !ok {
+		t.Skipf("the %s tier has no checkpoints", h.Runtime.Name())
+	}
+	spec := h.Spec(t, "cckpt")
+	ctx := h.ctx(t)
+	b, err := h.Runtime.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Runtime.Destroy(context.Background(), spec) })
+	startTicker(t, ctx, b)
+	mustSh(t, ctx, b, "echo before > /root/file")
+	waitTicks(t, ctx, b, 3)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	// Kept running: the box answers right after.
+	if err := cp.Checkpoint(ctx, b, dir+"-live", true); err != nil {
+		t.Fatalf("checkpoint, keep running: %v", err)
+	}
+	n := waitTicks(t, ctx, b, tick(t, ctx, b)+2)
+	// Stopped: the processes are gone, restore brings them back where
+	// they were, with the files.
+	if err := cp.Checkpoint(ctx, b, dir, false); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	select {
+	case <-b.Done():
+	case <-ctx.Done():
+		t.Fatal("the box still runs after a checkpoint that stops it")
+	}
+	b.Stop(ctx)
+	r, err := cp.Restore(ctx, spec, dir)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	defer r.Stop(context.Background())
+	m := tick(t, ctx, r)
+	if m < n {
+		t.Fatalf("after restore the counter is %d, it was at least %d before: the process did not keep its state", m, n)
+	}
+	waitTicks(t, ctx, r, m+2) // and it runs on
+	if out := mustSh(t, ctx, r, "cat /root/file"); out != "before\n" {
+		t.Fatalf("file after restore: %q", out)
+	}
+}
+
+func testStats(t *testing.T, h Harness) {
+	b := h.start(t, h.Spec(t, "cstats"))
+	s, ok := b.(isolate.Statser)
+	if !ok {
+		t.Skipf("%s boxes report no stats", h.Runtime.Name())
+	}
+	ctx := h.ctx(t)
+	mustSh(t, ctx, b, "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done")
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatalf("stats: %v", err)
+	}
+	if st.CPU <= 0 || st.Memory <= 0 {
+		t.Fatalf("stats after a busy loop: %+v (want CPU and memory in use)", st)
+	}
+}
