@@ -98,6 +98,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("POST /procs/{id}/stdin", a.handleStdin)
 	mux.HandleFunc("GET /procs/{id}/wait", a.handleWait)
 	mux.HandleFunc("GET /procs/{id}/tty", a.handleTTY)
+	mux.HandleFunc("GET /dial", a.handleDial)
 	return mux
 }
 

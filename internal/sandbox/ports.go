@@ -122,15 +122,17 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if err := validPort(port); err != nil {
 		return nil, err
 	}
-	_, sb, err := m.Agent(ctx, id)
+	ag, sb, err := m.Agent(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	d, ok := m.box(sb.ID).(isolate.Dialer)
-	if !ok {
-		return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot reach ports inside a sandbox", m.rt.Name())
+	var c net.Conn
+	if d, ok := m.box(sb.ID).(isolate.Dialer); ok {
+		c, err = d.DialInside(ctx, port)
+	} else {
+		// Tiers whose loopback the daemon cannot reach: through the agent.
+		c, err = ag.DialPort(ctx, port)
 	}
-	c, err := d.DialInside(ctx, port)
 	if err != nil {
 		return nil, api.Errorf(api.KindConflict, "nothing answers on port %d in sandbox %s: %v", port, sb.ID[:12], err)
 	}

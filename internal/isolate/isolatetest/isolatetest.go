@@ -53,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Pause", func(t *testing.T) { testPause(t, h) })
 	t.Run("Checkpoint", func(t *testing.T) { testCheckpoint(t, h) })
 	t.Run("Stats", func(t *testing.T) { testStats(t, h) })
+	t.Run("DialPort", func(t *testing.T) { testDialPort(t, h) })
 }
 
 func (h Harness) ctx(t *testing.T) context.Context {
@@ -449,5 +450,47 @@ func testStats(t *testing.T, h Harness) {
 	}
 	if st.CPU <= 0 || st.Memory <= 0 {
 		t.Fatalf("stats after a busy loop: %+v (want CPU and memory in use)", st)
+	}
+}
+
+func testDialPort(t *testing.T, h Harness) {
+	b := h.start(t, h.Spec(t, "cdial"))
+	ctx := h.ctx(t)
+	var st api.ProcessInfo
+	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "echo hello from inside | busybox nc -l -p 9000 > /tmp/got"}}, &st); err != nil {
+		t.Fatalf("start listener: %v", err)
+	}
+	var c io.ReadWriteCloser
+	for {
+		var err error
+		c, err = b.Agent().DialPort(ctx, 9000)
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("dial port 9000 through the agent: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if _, err := c.Write([]byte("hello from outside\n")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 64)
+	n, err := io.ReadAtLeast(c, got, len("hello from inside\n"))
+	c.Close()
+	if err != nil || string(got[:n]) != "hello from inside\n" {
+		t.Fatalf("read through the dialed port: %q %v", got[:n], err)
+	}
+	for i := 0; ; i++ {
+		if out := mustSh(t, ctx, b, "cat /tmp/got"); out == "hello from outside\n" {
+			break
+		} else if i > 50 {
+			t.Fatalf("the listener inside got %q", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := b.Agent().DialPort(ctx, 9001); err == nil {
+		t.Fatal("dialing a port nobody listens on succeeded")
 	}
 }
