@@ -139,4 +139,3 @@ type agentAddr struct{}
 
 func (agentAddr) Network() string { return "agent" }
 func (agentAddr) String() string  { return "agent" }
-
