@@ -1,0 +1,41 @@
+package gvisor
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/den-dev/den/internal/agent"
+	"golang.org/x/sys/unix"
+)
+
+// agentArg is the hidden argv[1] that makes the den binary a gVisor box's
+// agent.
+const agentArg = "__gvisor-agent"
+
+// Where the den binary appears inside a box: a read-only bind mount of a
+// root-owned host directory, under /dev (gVisor's own tmpfs), so it never
+// touches the box's upper layer and the box cannot change it.
+const (
+	agentDir  = "/dev/.den"
+	agentPath = agentDir + "/den"
+)
+
+// IsAgent reports whether argv (os.Args[1:]) is a gVisor box's agent
+// invocation.
+func IsAgent(args []string) bool { return len(args) > 0 && args[0] == agentArg }
+
+// AgentMain is the body of a gVisor box's PID 1: the den agent, serving
+// its link on stdin and stdout (FIFOs the daemon reopens after a restart
+// or a restore). It never returns.
+func AgentMain() {
+	// No process of the box may ptrace or read the agent's memory and fds.
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	a, err := agent.New(agent.Options{Confine: confineLauncher})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "den agent: %v\n", err)
+		os.Exit(1)
+	}
+	err = a.ServeLink(os.Stdin, os.Stdout)
+	fmt.Fprintf(os.Stderr, "den agent: %v\n", err)
+	os.Exit(1)
+}

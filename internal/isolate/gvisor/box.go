@@ -1,0 +1,271 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/isolate"
+	"golang.org/x/sys/unix"
+)
+
+type box struct {
+	rt   *Runtime
+	spec *isolate.Spec
+	link *agent.Link
+	pid  int // runsc's sandbox process
+	done chan struct{}
+
+	mu       sync.Mutex // serializes lifecycle calls
+	paused   bool
+	attached bool
+	stopped  bool
+}
+
+var (
+	_ isolate.Box          = (*box)(nil)
+	_ isolate.Pauser       = (*box)(nil)
+	_ isolate.Statser      = (*box)(nil)
+	_ isolate.Checkpointer = (*Runtime)(nil)
+)
+
+// newBox watches the sandbox process pid: Done closes when it ends.
+func (r *Runtime) newBox(spec *isolate.Spec, pid int) (*box, error) {
+	if err := r.checkSandbox(pid, spec.ID); err != nil {
+		return nil, err
+	}
+	b := &box{rt: r, spec: spec, pid: pid, link: agent.NewLink(), done: make(chan struct{})}
+	// Wait for the sandbox's end through the runtime's poller (no thread
+	// per box): a pidfd becomes readable when its process exits. The
+	// sandbox is not our child (runsc run --detach leaves it), so this is
+	// the way to see it go.
+	pidfd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
+	}
+	pf := os.NewFile(uintptr(pidfd), "pidfd")
+	rc, err := pf.SyscallConn()
+	if err != nil {
+		pf.Close()
+		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
+	}
+	go func() {
+		rc.Read(func(fd uintptr) bool {
+			n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+			return n > 0
+		})
+		pf.Close()
+		close(b.done)
+		b.link.Close() // requests fail rather than wait for a box that is gone
+	}()
+	return b, nil
+}
+
+func (b *box) Agent() *agent.Client  { return b.link.Client() }
+func (b *box) Pid() int              { return b.pid }
+func (b *box) Done() <-chan struct{} { return b.done }
+
+// fifos is the daemon's end of a box's stdio: it reads the box's stdout
+// and writes its stdin.
+type fifos struct {
+	r, w *os.File
+}
+
+func (f *fifos) Read(p []byte) (int, error)  { return f.r.Read(p) }
+func (f *fifos) Write(p []byte) (int, error) { return f.w.Write(p) }
+func (f *fifos) Close() error {
+	f.r.Close()
+	return f.w.Close()
+}
+
+// attach opens the box's FIFOs and starts a link session with its agent.
+// Call with b.mu held, or before b is shared.
+func (b *box) attach(ctx context.Context) error {
+	run := b.rt.boxRun(b.spec.ID)
+	// Non-blocking opens: a FIFO nobody holds any more (the box is gone)
+	// fails instead of waiting.
+	out, err := os.OpenFile(filepath.Join(run, "out"), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("open the agent's stdout: %w", err)
+	}
+	in, err := os.OpenFile(filepath.Join(run, "in"), os.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		out.Close()
+		return fmt.Errorf("open the agent's stdin: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-b.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := b.link.Attach(ctx, &fifos{r: out, w: in}); err != nil {
+		select {
+		case <-b.done:
+			return errors.New("the sandbox exited before its agent answered")
+		default:
+		}
+		return err
+	}
+	b.attached = true
+	return nil
+}
+
+// Stop kills the box's sandbox and frees everything but its storage.
+func (b *box) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stop(ctx)
+}
+
+func (b *box) stop(ctx context.Context) error {
+	if b.stopped {
+		return nil
+	}
+	b.link.Close()
+	if err := b.rt.clean(ctx, b.spec); err != nil {
+		return err
+	}
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	b.stopped = true
+	return nil
+}
+
+// Pause freezes every process of the box (runsc pause: gVisor's kernel
+// stops its tasks), the agent included.
+func (b *box) Pause(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.paused {
+		return nil
+	}
+	if _, err := b.rt.runsc(ctx, nil, "pause", b.spec.ID); err != nil {
+		if b.rt.containerState(ctx, b.spec.ID) != "paused" {
+			return err
+		}
+	}
+	b.paused = true
+	return nil
+}
+
+// Resume lets the box's processes run on.
+func (b *box) Resume(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.paused {
+		if _, err := b.rt.runsc(ctx, nil, "resume", b.spec.ID); err != nil {
+			if b.rt.containerState(ctx, b.spec.ID) != "running" {
+				return err
+			}
+		}
+		b.paused = false
+	}
+	if !b.attached {
+		// Loaded while paused: the agent can answer now.
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return b.attach(actx)
+	}
+	return nil
+}
+
+// checkpointTimeout bounds writing or reading a checkpoint image.
+const checkpointTimeout = 5 * time.Minute
+
+// Checkpoint saves box b (of this runtime) into dir with runsc
+// checkpoint. The agent's link session ends first (the image keeps no
+// daemon connection) and a new one starts on the same FIFOs if the box
+// runs on.
+func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, keepRunning bool) error {
+	b, ok := ib.(*box)
+	if !ok || b.rt != r {
+		return errors.New("checkpoint: not a box of this gvisor runtime")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return fmt.Errorf("checkpoint %s: the box is stopped", b.spec.ID)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", b.spec.ID, err)
+	}
+	b.link.Detach()
+	b.attached = false
+	args := []string{"checkpoint", "--image-path", dir}
+	if keepRunning {
+		args = append(args, "--leave-running")
+	}
+	cctx, cancel := context.WithTimeout(ctx, checkpointTimeout)
+	defer cancel()
+	_, err := r.runsc(cctx, nil, append(args, b.spec.ID)...)
+	if err != nil || keepRunning {
+		if st := r.containerState(ctx, b.spec.ID); st == "running" {
+			if aerr := b.attach(ctx); aerr != nil && err == nil {
+				err = fmt.Errorf("checkpoint %s: the box runs on but its agent does not answer: %w", b.spec.ID, aerr)
+			}
+		}
+		return err
+	}
+	// The sandbox exits once its state is saved.
+	select {
+	case <-b.done:
+	case <-time.After(10 * time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return b.stop(ctx)
+}
+
+// Stats reports the box's resource use: CPU and memory from its cgroup
+// (gVisor's sentry and gofer included), the tasks gVisor's kernel runs,
+// and its network namespace's interface counters.
+func (b *box) Stats() (isolate.Stats, error) {
+	u := b.rt.cg.usage(b.spec.ID)
+	st := isolate.Stats{CPU: u.CPU, Memory: u.Memory, Pids: u.Pids}
+	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", b.pid))
+	if err != nil {
+		return st, fmt.Errorf("box %s: read network counters: %w", b.spec.ID, err)
+	}
+	lines := strings.Split(string(dev), "\n")
+	if len(lines) > 2 {
+		lines = lines[2:]
+	}
+	for _, line := range lines {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if strings.TrimSpace(name) == "lo" || len(f) < 9 {
+			continue
+		}
+		rx, _ := strconv.ParseInt(f[0], 10, 64)
+		tx, _ := strconv.ParseInt(f[8], 10, 64)
+		st.NetRxBytes += rx
+		st.NetTxBytes += tx
+	}
+	return st, nil
+}
+
+// OOMKills counts the kernel's out-of-memory kills in the box's cgroup.
+func (b *box) OOMKills() uint64 { return b.rt.cg.oomKills(b.spec.ID) }
+
+// SetLimits changes the box's cgroup limits while it runs. gVisor's
+// kernel keeps the memory size it booted with (what /proc/meminfo shows
+// inside); the host enforces the new limit.
+func (b *box) SetLimits(l isolate.Limits) error { return b.rt.cg.setLimits(b.spec.ID, l) }

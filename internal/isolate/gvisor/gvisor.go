@@ -1,0 +1,534 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/isolate/linux"
+	"golang.org/x/sys/unix"
+)
+
+// Config configures the runtime.
+type Config struct {
+	// RunDir holds runsc's state (RunDir/state), the agent binary
+	// (RunDir/agent) and each box's bundle, mounts and FIFOs
+	// (RunDir/boxes/<id>). Default /run/den/gvisor.
+	RunDir string
+	// Runsc is the runsc binary; default "runsc" on PATH.
+	Runsc string
+	// Platform is gVisor's platform ("systrap", "kvm", "ptrace"); "" picks
+	// one (see Detect).
+	Platform string
+	// Network, if set, connects boxes whose spec asks for it.
+	Network *linux.Network
+	// CgroupRoot is where cgroups are mounted (default /sys/fs/cgroup),
+	// CgroupParent the group boxes are made in (default "den", as the
+	// linux tier: box <id> is den/<id>).
+	CgroupRoot   string
+	CgroupParent string
+}
+
+// Runtime is the gVisor tier.
+type Runtime struct {
+	cfg      Config
+	info     Info
+	state    string // runsc --root
+	agentDir string // host directory holding the den binary for boxes
+	cg       cgroups
+}
+
+// New finds runsc, chooses a platform and prepares the run directory.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.RunDir == "" {
+		cfg.RunDir = "/run/den/gvisor"
+	}
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = "/sys/fs/cgroup"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "den"
+	}
+	if abs, err := filepath.Abs(cfg.RunDir); err == nil {
+		cfg.RunDir = abs
+	}
+	info := detect(cfg.Runsc, cfg.Platform)
+	if !info.Available {
+		return nil, errors.New("gvisor: " + info.Reason)
+	}
+	r := &Runtime{cfg: cfg, info: info, state: filepath.Join(cfg.RunDir, "state")}
+	r.cg = detectCgroups(cfg.CgroupRoot, cfg.CgroupParent)
+	for _, d := range []string{cfg.RunDir, filepath.Join(cfg.RunDir, "boxes")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("gvisor: create %s: %w", d, err)
+		}
+	}
+	if err := os.MkdirAll(r.state, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: create %s: %w", r.state, err)
+	}
+	if err := makePrivateMount(cfg.RunDir); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	var err error
+	if r.agentDir, err = installAgent(filepath.Join(cfg.RunDir, "agent")); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	return r, nil
+}
+
+// Name is "gvisor".
+func (r *Runtime) Name() string { return "gvisor" }
+
+// Info is what Detect found when the runtime was made.
+func (r *Runtime) Info() Info { return r.info }
+
+// makePrivateMount makes dir a private mount, so mounts made under it
+// never propagate into (or out of) other mount namespaces.
+func makePrivateMount(dir string) error {
+	if !isMountPoint(dir) {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make %s private: %w", dir, err)
+	}
+	return nil
+}
+
+func isMountPoint(dir string) bool {
+	for _, m := range mountsUnder(dir) {
+		if m == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// installAgent copies the running binary to dir/<hash>/den (root-owned,
+// read-only), once per binary: boxes mount that directory read-only and
+// run it as their agent. A box started by an older binary keeps its own
+// copy.
+func installAgent(dir string) (string, error) {
+	src, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return "", fmt.Errorf("open own binary: %w", err)
+	}
+	defer src.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, src); err != nil {
+		return "", fmt.Errorf("read own binary: %w", err)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))[:16]
+	final := filepath.Join(dir, sum)
+	if st, err := os.Stat(filepath.Join(final, "den")); err == nil && st.Mode().IsRegular() {
+		return final, nil
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(dir, ".new-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	dst, err := os.OpenFile(filepath.Join(tmp, "den"), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o555)
+	if err != nil {
+		return "", err
+	}
+	_, err = io.Copy(dst, src)
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("copy own binary: %w", err)
+	}
+	if err := os.Chmod(tmp, 0o555); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		if _, serr := os.Stat(filepath.Join(final, "den")); serr == nil {
+			return final, nil // another daemon won the race
+		}
+		return "", fmt.Errorf("install agent binary: %w", err)
+	}
+	return final, nil
+}
+
+// validID is what runsc accepts as a container id.
+var validID = regexp.MustCompile(`^[\w+\-.]+$`)
+
+func (r *Runtime) boxRun(id string) string { return filepath.Join(r.cfg.RunDir, "boxes", id) }
+
+// runsc runs one runsc command with the runtime's global flags (plus
+// extra ones before the command), bounded by ctx and 30 s.
+func (r *Runtime) runsc(ctx context.Context, global []string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.info.Runsc, append(append(r.globalFlags(), global...), args...)...)
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, tail(out, 500))
+	}
+	return out, nil
+}
+
+func (r *Runtime) globalFlags() []string {
+	f := []string{"--root", r.state, "--platform=" + r.info.Platform}
+	if r.info.flags["overlay2"] {
+		// The box's writes go to its upper directory, never a sentry
+		// memory overlay (newer runsc's default).
+		f = append(f, "--overlay2=none")
+	}
+	return f
+}
+
+// containerState is runsc's state of container id: "running", "paused",
+// "stopped", "created", or "" when runsc knows no such container.
+func (r *Runtime) containerState(ctx context.Context, id string) string {
+	out, err := r.runsc(ctx, nil, "state", id)
+	if err != nil {
+		return ""
+	}
+	i := bytes.Index(out, []byte(`"status": "`))
+	if i < 0 {
+		return ""
+	}
+	s := out[i+len(`"status": "`):]
+	if j := bytes.IndexByte(s, '"'); j >= 0 {
+		return string(s[:j])
+	}
+	return ""
+}
+
+// Start boots a box.
+func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (isolate.Box, error) {
+	return r.boot(ctx, spec, "")
+}
+
+// Restore boots spec's box from the checkpoint in dir.
+func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (isolate.Box, error) {
+	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
+		return nil, fmt.Errorf("restore %s: no checkpoint in %s: %w", spec.ID, dir, err)
+	}
+	return r.boot(ctx, spec, dir)
+}
+
+// startTimeout bounds a box's boot until its agent answers.
+const startTimeout = 60 * time.Second
+
+// boot starts a box, or restores it from the checkpoint image if set.
+func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, image string) (_ isolate.Box, err error) {
+	if len(spec.Layers) == 0 || spec.Layers[0].Target != "/" {
+		return nil, errors.New("the first layer must be mounted at /")
+	}
+	if !validID.MatchString(spec.ID) {
+		return nil, fmt.Errorf("box id %q: want letters, digits, _, +, - and .", spec.ID)
+	}
+	if spec.Dir == "" {
+		return nil, errors.New("box has no storage directory")
+	}
+	if spec.Net && r.cfg.Network == nil {
+		return nil, errors.New("this daemon has no sandbox network (start den serve with networking)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	switch st := r.containerState(ctx, spec.ID); st {
+	case "", "stopped":
+	default:
+		return nil, fmt.Errorf("box %s is already %s", spec.ID, st)
+	}
+	// Whatever a dead box or daemon left.
+	if err := r.clean(ctx, spec); err != nil {
+		return nil, err
+	}
+	run := r.boxRun(spec.ID)
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	var logf *os.File
+	defer func() {
+		if err != nil {
+			if logf != nil {
+				if msg := logTail(run); msg != "" {
+					err = fmt.Errorf("%w; runsc log: %s", err, msg)
+				}
+				logf.Close()
+			}
+			r.clean(context.Background(), spec)
+		}
+	}()
+	rootfs := filepath.Join(run, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return nil, err
+	}
+	if err := mountRoot(spec, rootfs); err != nil {
+		return nil, err
+	}
+	bd := bundle{spec: spec, rootfs: rootfs, agentDir: r.agentDir, cgroup: "/" + r.cfg.CgroupParent + "/" + spec.ID}
+	if ok, err := r.tmpDir(spec, rootfs); err != nil {
+		return nil, err
+	} else {
+		bd.tmpBind = ok
+	}
+	for i, m := range spec.Mounts {
+		dst := filepath.Join(run, "mnt", strconv.Itoa(i))
+		if err := bindSource(m, dst); err != nil {
+			return nil, err
+		}
+		bd.binds = append(bd.binds, dst)
+	}
+	network := "--network=none"
+	if spec.Net {
+		bd.netns = filepath.Join(run, "netns")
+		if err := linux.CreateNetNS(bd.netns); err != nil {
+			return nil, err
+		}
+		if _, err := r.cfg.Network.AttachPath(bd.netns, spec.NetSlot); err != nil {
+			return nil, err
+		}
+		if spec.NetBandwidth > 0 {
+			if err := r.cfg.Network.SetBandwidthPath(bd.netns, spec.NetSlot, spec.NetBandwidth); err != nil {
+				return nil, err
+			}
+		}
+		network = "--network=sandbox"
+	}
+	if err := writeBundle(run, bd); err != nil {
+		return nil, err
+	}
+	// The box's stdin and stdout: FIFOs, opened read-write so the box never
+	// sees an end of file when the daemon goes away.
+	var stdio [2]*os.File
+	for i, name := range []string{"in", "out"} {
+		p := filepath.Join(run, name)
+		if err := unix.Mkfifo(p, 0o600); err != nil {
+			return nil, fmt.Errorf("create FIFO %s: %w", name, err)
+		}
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open FIFO %s: %w", name, err)
+		}
+		defer f.Close()
+		stdio[i] = f
+	}
+	logf, err = os.OpenFile(filepath.Join(run, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	global := []string{network, "--log=" + filepath.Join(run, "runsc.log")}
+	args := []string{"run", "--detach", "--bundle", run, "--pid-file", filepath.Join(run, "pid")}
+	if image != "" {
+		args = []string{"restore", "--detach", "--bundle", run, "--pid-file", filepath.Join(run, "pid"), "--image-path", image}
+	}
+	cmd := exec.CommandContext(ctx, r.info.Runsc, append(append(append(r.globalFlags(), global...), args...), spec.ID)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], logf
+	cmd.Dir = run
+	cmd.WaitDelay = time.Second
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("runsc %s: %w", args[0], err)
+	}
+	logf.Close()
+	pidb, err := os.ReadFile(filepath.Join(run, "pid"))
+	if err != nil {
+		return nil, fmt.Errorf("runsc %s: no pid file: %w", args[0], err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pidb)))
+	if err != nil {
+		return nil, fmt.Errorf("runsc %s: pid file: %w", args[0], err)
+	}
+	b, err := r.newBox(spec, pid)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.attach(ctx); err != nil {
+		b.link.Close()
+		return nil, fmt.Errorf("box %s: %w", spec.ID, err)
+	}
+	return b, nil
+}
+
+// tmpDir makes sure the root has a /tmp and says whether to bind it over
+// the tmpfs gVisor would otherwise mount there when it is empty: /tmp is
+// part of the box's files on every tier.
+func (r *Runtime) tmpDir(spec *isolate.Spec, rootfs string) (bool, error) {
+	for _, m := range spec.Mounts {
+		if filepath.Clean(m.Target) == "/tmp" {
+			return false, nil
+		}
+	}
+	for _, l := range spec.Layers {
+		if filepath.Clean(l.Target) == "/tmp" {
+			return false, nil
+		}
+	}
+	st, err := os.Lstat(filepath.Join(rootfs, "tmp"))
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(filepath.Join(rootfs, "tmp"), 0o1777); err != nil {
+			return false, fmt.Errorf("create /tmp: %w", err)
+		}
+		return true, os.Chmod(filepath.Join(rootfs, "tmp"), 0o1777)
+	}
+	if err != nil {
+		return false, err
+	}
+	return st.IsDir(), nil
+}
+
+// logTail is the end of a box's runsc logs: why it failed.
+func logTail(run string) string {
+	var parts []string
+	for _, name := range []string{"log", "runsc.log"} {
+		b, _ := os.ReadFile(filepath.Join(run, name))
+		var keep [][]byte
+		for _, l := range bytes.Split(b, []byte("\n")) {
+			// runsc's debug lines start with a level letter and a date; its
+			// warnings and errors are what explain a failure.
+			if len(bytes.TrimSpace(l)) == 0 || (len(l) > 1 && l[0] == 'I' && l[1] >= '0' && l[1] <= '9') || (len(l) > 1 && l[0] == 'D' && l[1] >= '0' && l[1] <= '9') {
+				continue
+			}
+			keep = append(keep, l)
+		}
+		if t := tail(bytes.Join(keep, []byte("\n")), 600); t != "" {
+			parts = append(parts, t)
+		}
+	}
+	return strings.Join(parts, " | ")
+}
+
+// clean removes what a box leaves outside its storage: its runsc
+// container (killed if it runs), cgroups, mounts, network namespace and
+// slot, and run directory. Idempotent.
+func (r *Runtime) clean(ctx context.Context, spec *isolate.Spec) error {
+	run := r.boxRun(spec.ID)
+	var errs []error
+	if r.containerState(ctx, spec.ID) != "" {
+		if _, err := r.runsc(ctx, nil, "delete", "--force", spec.ID); err != nil {
+			// runsc could not kill it: do it ourselves, then try again.
+			if pid := r.sandboxPid(spec.ID); pid > 0 {
+				syscall.Kill(pid, syscall.SIGKILL)
+				time.Sleep(100 * time.Millisecond)
+			}
+			if _, err := r.runsc(ctx, nil, "delete", "--force", spec.ID); err != nil && r.containerState(ctx, spec.ID) != "" {
+				errs = append(errs, err)
+			}
+		}
+	}
+	netns := filepath.Join(run, "netns")
+	if _, err := os.Lstat(netns); err == nil {
+		if err := linux.RemoveNetNS(netns); err != nil {
+			errs = append(errs, err)
+		}
+		if r.cfg.Network != nil {
+			r.cfg.Network.Detach(spec.NetSlot)
+		}
+	} else if spec.Net && r.cfg.Network != nil {
+		r.cfg.Network.Detach(spec.NetSlot)
+	}
+	if err := unmountAll(run); err != nil {
+		// Never remove a directory that still has a mount under it.
+		return errors.Join(append(errs, err)...)
+	}
+	if err := os.RemoveAll(run); err != nil {
+		errs = append(errs, fmt.Errorf("remove run dir: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// sandboxPid is the pid of box id's runsc sandbox process if one runs.
+func (r *Runtime) sandboxPid(id string) int {
+	b, err := os.ReadFile(filepath.Join(r.boxRun(id), "pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 || r.checkSandbox(pid, id) != nil {
+		return 0
+	}
+	return pid
+}
+
+// checkSandbox verifies that pid is the runsc sandbox process of box id
+// under this runtime's state directory.
+func (r *Runtime) checkSandbox(pid int, id string) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return fmt.Errorf("box %s: no process %d", id, pid)
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if len(args) < 3 || args[0] != "runsc-sandbox" || args[len(args)-1] != id {
+		return fmt.Errorf("box %s: pid %d is not its gVisor sandbox", id, pid)
+	}
+	for i, a := range args {
+		if a == "--root="+r.state || (a == "--root" && i+1 < len(args) && args[i+1] == r.state) {
+			return nil
+		}
+	}
+	return fmt.Errorf("box %s: pid %d is the sandbox of another runsc state directory", id, pid)
+}
+
+// Destroy removes the box: anything left running or mounted by it (after
+// a daemon crash too), and its storage. Idempotent.
+func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
+	if err := r.clean(ctx, spec); err != nil {
+		return err
+	}
+	if spec.Dir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(spec.Dir); err != nil {
+		return fmt.Errorf("remove box storage: %w", err)
+	}
+	return nil
+}
+
+// Load reattaches to a box that outlived the daemon that started it: pid
+// (what Pid returned) must still be its runsc sandbox, and its agent must
+// answer (unless the box is paused: then after Resume).
+func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolate.Box, error) {
+	if err := r.checkSandbox(pid, spec.ID); err != nil {
+		return nil, err
+	}
+	st := r.containerState(ctx, spec.ID)
+	if st != "running" && st != "paused" {
+		return nil, fmt.Errorf("box %s: runsc reports it %q", spec.ID, st)
+	}
+	b, err := r.newBox(spec, pid)
+	if err != nil {
+		return nil, err
+	}
+	if st == "paused" {
+		b.paused = true
+		return b, nil
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := b.attach(actx); err != nil {
+		b.link.Close()
+		return nil, fmt.Errorf("box %s: %w", spec.ID, err)
+	}
+	return b, nil
+}

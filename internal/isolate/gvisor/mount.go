@@ -1,0 +1,225 @@
+package gvisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/den-dev/den/internal/isolate"
+	"golang.org/x/sys/unix"
+)
+
+// mountRoot mounts the box's overlays at rootfs in the host's mount
+// namespace, as the linux tier lays them out (upper and work directories
+// spec.Dir/upper/<name> and spec.Dir/work/<name>) but without id mapping:
+// runsc's gofer runs as host root and creates files with the ids the box
+// sees, so the uppers store canonical ids (root inside is uid 0 on disk).
+func mountRoot(spec *isolate.Spec, rootfs string) (err error) {
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for _, l := range spec.Layers {
+		if l.Name == "" || strings.ContainsAny(l.Name, "/,:") || l.Name == "." || l.Name == ".." {
+			return fmt.Errorf("layer name %q: want a plain name", l.Name)
+		}
+		for _, d := range []string{"upper", "work"} {
+			if err := os.MkdirAll(filepath.Join(spec.Dir, d, l.Name), 0o755); err != nil {
+				return fmt.Errorf("create layer dir: %w", err)
+			}
+		}
+	}
+	state, err := unix.Open(spec.Dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open box storage: %w", err)
+	}
+	fds = append(fds, state)
+	mounted := false
+	defer func() {
+		if err != nil && mounted {
+			unix.Unmount(rootfs, unix.MNT_DETACH)
+		}
+	}()
+	for i, l := range spec.Layers {
+		var lowers []string
+		for j := len(l.Lowers) - 1; j >= 0; j-- { // overlayfs wants the top first
+			fd, err := unix.Open(l.Lowers[j], unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("open layer %s: %w", l.Lowers[j], err)
+			}
+			fds = append(fds, fd)
+			lowers = append(lowers, fmt.Sprintf("/proc/self/fd/%d", fd))
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=/proc/self/fd/%d/upper/%s,workdir=/proc/self/fd/%d/work/%s,index=off,metacopy=off,redirect_dir=off,xino=off",
+			strings.Join(lowers, ":"), state, l.Name, state, l.Name)
+		target := rootfs
+		if i > 0 {
+			// Resolved inside the root mounted so far, as the box sees it.
+			root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("open root: %w", err)
+			}
+			fd, err := mkdirInRoot(root, l.Target)
+			unix.Close(root)
+			if err != nil {
+				return fmt.Errorf("mount point %s: %w", l.Target, err)
+			}
+			fds = append(fds, fd)
+			target = fmt.Sprintf("/proc/self/fd/%d", fd)
+		}
+		if err := unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount overlay at %s: %w", l.Target, err)
+		}
+		mounted = true
+	}
+	return nil
+}
+
+// bindSource makes dst a read-only (if ro) nosuid, nodev bind mount of
+// the directory src, without its submounts, and returns nil or the error.
+func bindSource(m isolate.Mount, dst string) error {
+	if !path.IsAbs(m.Target) || path.Clean(m.Target) == "/" {
+		return fmt.Errorf("mount target %q: want an absolute path other than /", m.Target)
+	}
+	if st, err := os.Stat(m.Source); err != nil {
+		return fmt.Errorf("mount source: %w", err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("mount source %s is not a directory", m.Source)
+	}
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return err
+	}
+	if err := unix.Mount(m.Source, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", m.Source, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+	if m.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", dst, "", flags, ""); err != nil {
+		unix.Unmount(dst, unix.MNT_DETACH)
+		return fmt.Errorf("set attributes of %s: %w", m.Source, err)
+	}
+	return nil
+}
+
+// inRoot resolves paths the way the box will see them: symlinks stay
+// inside the root, and /proc magic links are refused.
+var inRoot = unix.OpenHow{
+	Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+	Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+}
+
+// mkdirInRoot opens (O_PATH) the directory p inside root, creating what
+// is missing (mode 0755, owned by root) one component at a time.
+func mkdirInRoot(root int, p string) (int, error) {
+	rel := strings.TrimPrefix(path.Clean("/"+p), "/")
+	how := inRoot
+	if fd, err := unix.Openat2(root, rel, &how); !errors.Is(err, unix.ENOENT) {
+		return fd, err
+	}
+	parent, err := unix.Openat2(root, ".", &how)
+	if err != nil {
+		return -1, err
+	}
+	comps := strings.Split(rel, "/")
+	for i, c := range comps {
+		prefix := strings.Join(comps[:i+1], "/")
+		fd, err := unix.Openat2(root, prefix, &how)
+		if errors.Is(err, unix.ENOENT) {
+			if err := unix.Mkdirat(parent, c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+				unix.Close(parent)
+				return -1, fmt.Errorf("create /%s: %w", prefix, err)
+			}
+			fd, err = unix.Openat2(root, prefix, &how)
+			if errors.Is(err, unix.ENOENT) {
+				err = errors.New("a dangling symlink")
+			}
+		}
+		unix.Close(parent)
+		if err != nil {
+			return -1, fmt.Errorf("open /%s: %w", prefix, err)
+		}
+		parent = fd
+	}
+	return parent, nil
+}
+
+// mountsUnder lists the mount points at or under dir in this process's
+// mount namespace, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fl := strings.Fields(sc.Text())
+		if len(fl) < 5 {
+			continue
+		}
+		mp := unescapeMount(fl[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for _, c := range s[i+1 : i+4] {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + byte(c-'0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountAll detaches every mount at or under dir, and reports the ones
+// that stay (never remove a directory with a mount left under it: it may
+// be a box's storage or a host directory).
+func unmountAll(dir string) error {
+	for i := 0; i < 4; i++ {
+		ms := mountsUnder(dir)
+		if len(ms) == 0 {
+			return nil
+		}
+		for _, m := range ms {
+			unix.Unmount(m, unix.MNT_DETACH)
+		}
+	}
+	if ms := mountsUnder(dir); len(ms) > 0 {
+		return fmt.Errorf("mounts left under %s: %s", dir, strings.Join(ms, ", "))
+	}
+	return nil
+}
