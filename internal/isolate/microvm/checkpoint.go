@@ -1,0 +1,273 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/den-dev/den/internal/isolate"
+	"golang.org/x/sys/unix"
+)
+
+// A checkpoint directory holds:
+//
+//	memory     QEMU's migration stream (CPU, devices and RAM; zero pages
+//	           take no room)
+//	disk.img   the writable disk as it was at that instant (sparse)
+//	vm.json    the machine (memory, CPUs, accelerator, kernel, images,
+//	           command line) a restore must rebuild
+//
+// QEMU 7.2 has no file: migration URI, so the stream goes through
+// exec:cat. The VM is stopped before migrating, so the stream is one
+// pass and the disk copy matches the memory.
+
+// Checkpoint saves box b into dir.
+func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, keepRunning bool) error {
+	b, ok := ib.(*box)
+	if !ok || b.rt != r {
+		return errors.New("checkpoint: not a box of this microvm runtime")
+	}
+	b.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			b.mu.Unlock()
+		}
+	}()
+	if b.stopped {
+		return errors.New("checkpoint: the box is stopped")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	wasPaused := b.paused
+	if _, err := b.qmp.run(ctx, "stop", nil); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	// Resumes the box if the checkpoint fails half way.
+	resume := func() {
+		if !wasPaused {
+			b.qmp.run(context.Background(), "cont", nil)
+		}
+	}
+	b.link.Detach()
+	mem := filepath.Join(dir, "memory")
+	os.Remove(mem)
+	if _, err := b.qmp.run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30}); err != nil {
+		resume()
+		b.attach(ctx)
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if _, err := b.qmp.run(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(mem)}); err != nil {
+		resume()
+		b.attach(ctx)
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := b.waitMigration(ctx); err != nil {
+		b.qmp.run(context.Background(), "migrate_cancel", nil)
+		resume()
+		b.attach(ctx)
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	// The VM is stopped and its disk flushed: copy it as it is now.
+	if err := copySparse(filepath.Join(b.spec.Dir, "disk.img"), filepath.Join(dir, "disk.img")); err != nil {
+		resume()
+		b.attach(ctx)
+		return fmt.Errorf("checkpoint: copy disk: %w", err)
+	}
+	vm := b.vm
+	raw, _ := json.Marshal(vm)
+	if err := os.WriteFile(filepath.Join(dir, "vm.json"), raw, 0o600); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if !keepRunning {
+		locked = false
+		b.mu.Unlock()
+		return b.Stop(ctx)
+	}
+	if !wasPaused {
+		if _, err := b.qmp.run(ctx, "cont", nil); err != nil {
+			return fmt.Errorf("checkpoint: resume: %w", err)
+		}
+		if err := b.attach(ctx); err != nil {
+			return fmt.Errorf("checkpoint: reattach the agent: %w", err)
+		}
+	} else {
+		b.needAttach = true
+	}
+	return nil
+}
+
+// waitMigration polls until the running migration completes or fails.
+func (b *box) waitMigration(ctx context.Context) error {
+	for {
+		raw, err := b.qmp.run(ctx, "query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Status string `json:"status"`
+			Error  string `json:"error-desc"`
+		}
+		json.Unmarshal(raw, &st)
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", st.Status, st.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-b.done:
+			return errors.New("QEMU exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// incoming loads a migration stream into a QEMU started with -incoming
+// defer and -S, then runs the VM.
+func (b *box) incoming(ctx context.Context, mem string) error {
+	if _, err := b.qmp.run(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat < " + shellQuote(mem)}); err != nil {
+		return err
+	}
+	if err := b.waitMigration(ctx); err != nil {
+		return err
+	}
+	for {
+		st, err := b.qmp.status(ctx)
+		if err != nil {
+			return err
+		}
+		if st == "paused" || st == "running" || st == "prelaunch" {
+			break
+		}
+		if st != "inmigrate" {
+			return fmt.Errorf("VM state after the migration: %s", st)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_, err := b.qmp.run(ctx, "cont", nil)
+	return err
+}
+
+// Restore boots spec's box from the checkpoint in dir: its disk replaces
+// the box's, and the VM runs on from the saved memory.
+func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (isolate.Box, error) {
+	if err := validate(spec); err != nil {
+		return nil, err
+	}
+	var vm vmConfig
+	raw, err := os.ReadFile(filepath.Join(dir, "vm.json"))
+	if err == nil {
+		err = json.Unmarshal(raw, &vm)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore: read checkpoint: %w", err)
+	}
+	if vm.Accel != r.info.Accel {
+		return nil, fmt.Errorf("restore: the checkpoint was taken under %s, this host runs %s", vm.Accel, r.info.Accel)
+	}
+	if vm.Net != spec.Net {
+		return nil, fmt.Errorf("restore: the checkpoint was taken with network %v, the box now has %v", vm.Net, spec.Net)
+	}
+	// The machine is the checkpoint's: same images in the same order.
+	for _, img := range vm.Lowers {
+		if _, err := os.Stat(img); err != nil {
+			return nil, fmt.Errorf("restore: layer image %s is gone: %w", img, err)
+		}
+	}
+	if _, err := os.Stat(vm.Initrd); err != nil {
+		// Same layout, another build of den: the initramfs's content is
+		// in the saved memory, QEMU only needs one to load.
+		vm.Initrd, err = initramfs(r.cfg.StateDir, r.cfg.Exe, r.info.KernelVer)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+	}
+	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	disk := filepath.Join(spec.Dir, "disk.img")
+	if err := copySparse(filepath.Join(dir, "disk.img"), disk+".restore"); err != nil {
+		return nil, fmt.Errorf("restore: copy disk: %w", err)
+	}
+	if err := os.Rename(disk+".restore", disk); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	return r.boot(ctx, spec, vm, nil, dir)
+}
+
+// copySparse copies src to dst: a reflink where the filesystem has them,
+// else the data extents only.
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		out.Close()
+		if !ok {
+			os.Remove(dst)
+		}
+	}()
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		ok = true
+		return nil
+	}
+	if err := out.Truncate(st.Size()); err != nil {
+		return err
+	}
+	var off int64
+	for off < st.Size() {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				break
+			}
+			return err
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(out, in, hole-data); err != nil {
+			return err
+		}
+		off = hole
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	ok = true
+	return nil
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

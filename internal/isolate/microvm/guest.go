@@ -1,0 +1,430 @@
+package microvm
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/confine"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The guest side. The den binary is the initramfs's /init (PID 1 of the
+// VM). It loads the modules, mounts the disks and the root overlays,
+// configures the network, and starts the agent in a new pid and mount
+// namespace rooted in the box's root (so the box sees its own processes
+// only, not the guest kernel's threads or the init), then waits: when the
+// agent ends, the VM ends.
+
+// agentArg is the hidden argv[1] of the agent process the guest init
+// starts; its argv[0] is agentName.
+const (
+	agentArg  = "__den-microvm-agent"
+	agentName = "den-agent"
+)
+
+// Paths inside the guest (in the initramfs).
+const (
+	guestRoot  = "/den/root"
+	guestRW    = "/den/rw"
+	guestLower = "/den/lower"
+	agentPort  = "den.agent"
+)
+
+// guestConfig is what the host tells the guest init, on the kernel
+// command line (den.cfg=<base64 JSON>).
+type guestConfig struct {
+	Hostname string       `json:"h"`
+	Disk     string       `json:"d"` // serial of the writable disk
+	Layers   []guestLayer `json:"l"`
+	Net      *guestNet    `json:"n,omitempty"`
+}
+
+type guestLayer struct {
+	Target string   `json:"t"`
+	Lowers []string `json:"l"` // disk serials, bottom first
+	Name   string   `json:"n"`
+}
+
+type guestNet struct {
+	Addrs []string `json:"a"` // CIDR
+	GW    string   `json:"g,omitempty"`
+	GW6   string   `json:"g6,omitempty"`
+	MTU   int      `json:"m,omitempty"`
+}
+
+// IsGuest reports whether this process is den's guest init in a microVM
+// (PID 1 run as /init from the initramfs) or the agent it starts.
+func IsGuest() bool {
+	if len(os.Args) > 1 && os.Args[0] == agentName && os.Args[1] == agentArg {
+		return true
+	}
+	return os.Getpid() == 1 && len(os.Args) > 0 && os.Args[0] == "/init"
+}
+
+// GuestMain is the body of the guest init or of its agent. It never
+// returns.
+func GuestMain() {
+	if len(os.Args) > 1 && os.Args[1] == agentArg {
+		agentMain()
+	}
+	initMain()
+}
+
+func guestFail(err error) {
+	fmt.Fprintf(os.Stderr, "den-init: %v\n", err)
+	unix.Sync()
+	// With panic=-1 and -no-reboot, QEMU exits.
+	unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	os.Exit(1)
+}
+
+func initMain() {
+	for _, m := range []struct{ src, dst, typ string }{
+		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
+	} {
+		if err := unix.Mount(m.src, m.dst, m.typ, unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			guestFail(fmt.Errorf("mount %s: %w", m.dst, err))
+		}
+	}
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	var cfgArg string
+	probe := false
+	for _, f := range strings.Fields(string(cmdline)) {
+		if v, ok := strings.CutPrefix(f, "den.cfg="); ok {
+			cfgArg = v
+		}
+		if f == "den.probe" {
+			probe = true
+		}
+	}
+	if probe {
+		// A boot-time measurement: the init is up; end the VM.
+		fmt.Println("den-guest-ready")
+		unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	}
+	var cfg guestConfig
+	raw, err := base64.RawURLEncoding.DecodeString(cfgArg)
+	if err == nil {
+		err = json.Unmarshal(raw, &cfg)
+	}
+	if err != nil {
+		guestFail(fmt.Errorf("no configuration on the kernel command line (den.cfg): %v", err))
+	}
+	if err := loadModules(); err != nil {
+		guestFail(err)
+	}
+	if err := mountRoot(&cfg); err != nil {
+		guestFail(err)
+	}
+	if err := setupNet(cfg.Net); err != nil {
+		guestFail(err)
+	}
+	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+		guestFail(fmt.Errorf("sethostname: %w", err))
+	}
+	port, err := openPort(agentPort)
+	if err != nil {
+		guestFail(err)
+	}
+	cmd := exec.Command("/init", agentArg)
+	cmd.Args[0] = agentName
+	cmd.Env = []string{"GOGC=50", "GODEBUG=madvdontneed=1", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{port}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS, Setsid: true}
+	if err := cmd.Start(); err != nil {
+		guestFail(fmt.Errorf("start agent: %w", err))
+	}
+	port.Close()
+	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("-1000"), 0)
+	err = cmd.Wait()
+	guestFail(fmt.Errorf("the agent ended: %v", err))
+}
+
+// loadModules loads /modules/order, in order.
+func loadModules() error {
+	b, err := os.ReadFile("/modules/order")
+	if err != nil {
+		return fmt.Errorf("module list: %w", err)
+	}
+	for _, name := range strings.Fields(string(b)) {
+		f, err := os.Open("/modules/" + name)
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// diskBySerial waits for the virtio disks and maps their serials to
+// device paths.
+func disksBySerial(want []string) (map[string]string, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := map[string]string{}
+		ents, _ := os.ReadDir("/sys/block")
+		for _, e := range ents {
+			s, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "serial"))
+			if err == nil {
+				got[strings.TrimSpace(string(s))] = "/dev/" + e.Name()
+			}
+		}
+		missing := ""
+		for _, w := range want {
+			if _, ok := got[w]; !ok {
+				missing = w
+			}
+		}
+		if missing == "" {
+			return got, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("disk %s did not appear (found %v)", missing, got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func mountRoot(cfg *guestConfig) error {
+	want := []string{cfg.Disk}
+	for _, l := range cfg.Layers {
+		want = append(want, l.Lowers...)
+	}
+	disks, err := disksBySerial(want)
+	if err != nil {
+		return err
+	}
+	for _, d := range []string{guestRoot, guestRW} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount(disks[cfg.Disk], guestRW, "ext4", unix.MS_NOATIME, "noinit_itable,errors=remount-ro"); err != nil {
+		return fmt.Errorf("mount the writable disk: %w", err)
+	}
+	mounted := map[string]bool{}
+	for i, l := range cfg.Layers {
+		var lowers []string
+		for j := len(l.Lowers) - 1; j >= 0; j-- {
+			s := l.Lowers[j]
+			mp := filepath.Join(guestLower, s)
+			if !mounted[s] {
+				if err := os.MkdirAll(mp, 0o755); err != nil {
+					return err
+				}
+				if err := unix.Mount(disks[s], mp, "erofs", unix.MS_RDONLY, ""); err != nil {
+					return fmt.Errorf("mount lower %s (%s): %w", s, disks[s], err)
+				}
+				mounted[s] = true
+			}
+			lowers = append(lowers, mp)
+		}
+		upper := filepath.Join(guestRW, "upper", l.Name)
+		work := filepath.Join(guestRW, "work", l.Name)
+		for _, d := range []string{upper, work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("create %s: %w", d, err)
+			}
+		}
+		target := guestRoot
+		if i > 0 {
+			target = filepath.Join(guestRoot, l.Target)
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return fmt.Errorf("create mount point %s: %w", l.Target, err)
+			}
+		}
+		if len(lowers) == 0 {
+			// overlayfs needs a lower: an empty one.
+			empty := filepath.Join(guestLower, "empty")
+			os.MkdirAll(empty, 0o755)
+			lowers = []string{empty}
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,metacopy=off,redirect_dir=off,xino=off",
+			strings.Join(lowers, ":"), upper, work)
+		if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+			return fmt.Errorf("mount overlay at %s: %w", l.Target, err)
+		}
+	}
+	return nil
+}
+
+func setupNet(n *guestNet) error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("loopback up: %w", err)
+	}
+	if n == nil {
+		return nil
+	}
+	var eth netlink.Link
+	for i := 0; ; i++ {
+		eth, err = netlink.LinkByName("eth0")
+		if err == nil {
+			break
+		}
+		if i > 1000 {
+			return fmt.Errorf("network interface: %w", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n.MTU > 0 {
+		netlink.LinkSetMTU(eth, n.MTU)
+	}
+	for _, a := range n.Addrs {
+		addr, err := netlink.ParseAddr(a)
+		if err != nil {
+			return err
+		}
+		if addr.IP.To4() == nil {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(eth, addr); err != nil {
+			return fmt.Errorf("address %s: %w", a, err)
+		}
+	}
+	if err := netlink.LinkSetUp(eth); err != nil {
+		return err
+	}
+	if n.GW != "" {
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.ParseIP(n.GW)}); err != nil {
+			return fmt.Errorf("default route: %w", err)
+		}
+	}
+	if n.GW6 != "" {
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.ParseIP(n.GW6), Family: netlink.FAMILY_V6}); err != nil {
+			return fmt.Errorf("default IPv6 route: %w", err)
+		}
+	}
+	return nil
+}
+
+// openPort opens the virtio-serial port named name.
+func openPort(name string) (*os.File, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, _ := os.ReadDir("/sys/class/virtio-ports")
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join("/sys/class/virtio-ports", e.Name(), "name"))
+			if err == nil && strings.TrimSpace(string(b)) == name {
+				f, err := os.OpenFile("/dev/"+e.Name(), os.O_RDWR, 0)
+				if err != nil {
+					return nil, fmt.Errorf("open agent port: %w", err)
+				}
+				return f, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("no virtio-serial port named %s", name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// agentMain runs in the agent process: PID 1 of a new pid namespace, in
+// a mount namespace of its own. It mounts the box's /proc, /sys and /dev
+// on the root, moves into it, and serves the agent on its port (fd 3).
+func agentMain() {
+	fail := func(err error) {
+		fmt.Fprintf(os.Stderr, "den-agent: %v\n", err)
+		os.Exit(1)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		fail(fmt.Errorf("make mounts private: %w", err))
+	}
+	if err := boxMounts(guestRoot); err != nil {
+		fail(err)
+	}
+	// The initramfs cannot be pivoted away from: move the root over it
+	// and chroot, as switch_root does. Nothing stays reachable below.
+	if err := unix.Chdir(guestRoot); err != nil {
+		fail(err)
+	}
+	if err := unix.Mount(guestRoot, "/", "", unix.MS_MOVE, ""); err != nil {
+		fail(fmt.Errorf("move root: %w", err))
+	}
+	if err := unix.Chroot("."); err != nil {
+		fail(fmt.Errorf("chroot: %w", err))
+	}
+	unix.Chdir("/")
+	port := os.NewFile(3, "agent-port")
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	a, err := agent.New(agent.Options{Confine: func() error { return confine.Apply(confine.Default()) }})
+	if err != nil {
+		fail(fmt.Errorf("start agent: %w", err))
+	}
+	err = a.ServeLink(port, port)
+	fail(fmt.Errorf("agent link: %v", err))
+}
+
+// boxMounts gives the root its /proc (of the agent's pid namespace),
+// /sys, and a /dev with the usual nodes, /dev/pts, /dev/shm and
+// /dev/mqueue; /tmp is a directory of the root.
+func boxMounts(root string) error {
+	p := func(rel string) string { return filepath.Join(root, rel) }
+	for _, d := range []string{"/proc", "/sys", "/dev", "/tmp"} {
+		if err := os.MkdirAll(p(d), 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	const nosuidnodev = unix.MS_NOSUID | unix.MS_NODEV
+	if err := unix.Mount("proc", p("/proc"), "proc", nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /proc: %w", err)
+	}
+	if err := unix.Mount("sysfs", p("/sys"), "sysfs", nosuidnodev|unix.MS_NOEXEC|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount /sys: %w", err)
+	}
+	if err := unix.Mount("tmpfs", p("/dev"), "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
+		return fmt.Errorf("mount /dev: %w", err)
+	}
+	for _, d := range []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
+		if err := unix.Mknod(p("/dev/"+d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return fmt.Errorf("create /dev/%s: %w", d.name, err)
+		}
+		os.Chmod(p("/dev/"+d.name), 0o666)
+	}
+	for _, d := range []string{"/dev/pts", "/dev/shm", "/dev/mqueue"} {
+		if err := os.MkdirAll(p(d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("devpts", p("/dev/pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		return fmt.Errorf("mount /dev/pts: %w", err)
+	}
+	if err := unix.Mount("shm", p("/dev/shm"), "tmpfs", nosuidnodev|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
+		return fmt.Errorf("mount /dev/shm: %w", err)
+	}
+	if err := unix.Mount("mqueue", p("/dev/mqueue"), "mqueue", nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /dev/mqueue: %w", err)
+	}
+	for link, target := range map[string]string{
+		"/dev/ptmx": "pts/ptmx", "/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0",
+		"/dev/stdout": "/proc/self/fd/1", "/dev/stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, p(link)); err != nil {
+			return fmt.Errorf("symlink %s: %w", link, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,681 @@
+package microvm
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/isolate/linux"
+	"golang.org/x/sys/unix"
+)
+
+// Config configures the microVM tier.
+type Config struct {
+	RunDir   string // per-box sockets, console logs, netns; default /run/den/microvm
+	StateDir string // caches (initramfs, erofs images, KVM verdict); default /var/lib/den/microvm
+	QEMU     string // default qemu-system-x86_64 (from PATH)
+	Kernel   string // guest kernel; "" locates one in /boot
+	Accel    string // "kvm", "tcg", or "" to choose (probing KVM once)
+	// Exe is the binary the guest runs as its init and agent; default
+	// /proc/self/exe (the den binary, or a test binary in tests).
+	Exe string
+	// Memory is a box's memory when its spec sets none (default 512 MiB).
+	Memory int64
+	// DiskSize is the size of a box's sparse writable disk (default 8 GiB).
+	DiskSize int64
+	// BootTimeout bounds a boot until the agent answers (default 60 s).
+	BootTimeout time.Duration
+	// Network, if set, connects boxes whose spec asks for it.
+	Network *linux.Network
+
+	// extraAppend is added to the guest kernel's command line (tests).
+	extraAppend string
+}
+
+func (c *Config) defaults() {
+	if c.RunDir == "" {
+		c.RunDir = "/run/den/microvm"
+	}
+	if c.StateDir == "" {
+		c.StateDir = "/var/lib/den/microvm"
+	}
+	if c.QEMU == "" {
+		c.QEMU = "qemu-system-x86_64"
+	}
+	if c.Exe == "" {
+		c.Exe = "/proc/self/exe"
+	}
+	if c.Memory <= 0 {
+		c.Memory = 512 << 20
+	}
+	if c.DiskSize <= 0 {
+		c.DiskSize = 8 << 30
+	}
+	if c.BootTimeout <= 0 {
+		c.BootTimeout = 60 * time.Second
+	}
+}
+
+// Runtime is the microVM tier.
+type Runtime struct {
+	cfg    Config
+	info   Info
+	images *imageCache
+	net    *linux.Network
+}
+
+var (
+	_ isolate.Runtime      = (*Runtime)(nil)
+	_ isolate.Checkpointer = (*Runtime)(nil)
+	_ isolate.Box          = (*box)(nil)
+	_ isolate.Pauser       = (*box)(nil)
+	_ isolate.Statser      = (*box)(nil)
+)
+
+// New detects QEMU, the kernel and the accelerator (see Detect) and
+// prepares the runtime.
+func New(cfg Config) (*Runtime, error) {
+	cfg.defaults()
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the microvm runtime needs root (run den serve as root)")
+	}
+	info := Detect(context.Background(), cfg)
+	if !info.Available {
+		return nil, fmt.Errorf("the microvm tier is unavailable: %s", info.Reason)
+	}
+	for _, d := range []string{cfg.RunDir, cfg.StateDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	return &Runtime{cfg: cfg, info: info, images: newImageCache(filepath.Join(cfg.StateDir, "erofs")), net: cfg.Network}, nil
+}
+
+// Name is "microvm".
+func (r *Runtime) Name() string { return "microvm" }
+
+// Info is what New detected.
+func (r *Runtime) Info() Info { return r.info }
+
+func (r *Runtime) boxRun(id string) string { return filepath.Join(r.cfg.RunDir, id) }
+
+// vmConfig is how a box's QEMU runs; it is kept in the run directory and
+// in checkpoints (a restore must rebuild the same machine).
+type vmConfig struct {
+	Memory  int64    `json:"memory_mib"`
+	CPUs    int      `json:"cpus"`
+	Accel   string   `json:"accel"`
+	Kernel  string   `json:"kernel"`
+	Initrd  string   `json:"initrd"`
+	Cmdline string   `json:"cmdline"`
+	Lowers  []string `json:"lowers"` // erofs images; disk serial l<i>
+	Net     bool     `json:"net"`
+	MAC     string   `json:"mac,omitempty"`
+	Limits  isolate.Limits
+}
+
+type box struct {
+	rt   *Runtime
+	spec *isolate.Spec
+	run  string
+	vm   vmConfig
+	pid  int
+	kill func() error
+	qmp  *qmp
+	link *agent.Link
+	done chan struct{}
+
+	mu      sync.Mutex
+	paused  bool
+	stopped bool
+	// needAttach: loaded while paused, the link attaches on Resume.
+	needAttach bool
+	booted     time.Duration // from QEMU's start to the agent's answer
+	stopErr error
+}
+
+func (b *box) Agent() *agent.Client  { return b.link.Client() }
+func (b *box) Pid() int              { return b.pid }
+func (b *box) Done() <-chan struct{} { return b.done }
+
+// OOMKills is 0: the guest kernel's out-of-memory kills are not counted.
+func (b *box) OOMKills() uint64 { return 0 }
+
+// SetLimits cannot change a running VM's memory or CPUs.
+func (b *box) SetLimits(l isolate.Limits) error {
+	if vmMemory(l, b.rt.cfg) != b.vm.Memory || vmCPUs(l) != b.vm.CPUs {
+		return fmt.Errorf("the microvm tier cannot change the memory or CPUs of a running sandbox: %w", errors.ErrUnsupported)
+	}
+	return nil
+}
+
+func vmMemory(l isolate.Limits, cfg Config) int64 {
+	m := l.Memory
+	if m <= 0 {
+		m = cfg.Memory
+	}
+	return max(m>>20, 128)
+}
+
+func vmCPUs(l isolate.Limits) int {
+	n := 1
+	if l.CPUs > 0 {
+		n = int(math.Ceil(l.CPUs))
+	}
+	return min(max(n, 1), runtime.NumCPU())
+}
+
+// validate refuses what the tier cannot do.
+func validate(spec *isolate.Spec) error {
+	if len(spec.Layers) == 0 || spec.Layers[0].Target != "/" {
+		return errors.New("the first layer must be mounted at /")
+	}
+	if len(spec.Mounts) > 0 {
+		return fmt.Errorf("volumes and bind mounts are not supported on the microvm tier: %w", errors.ErrUnsupported)
+	}
+	if spec.Dir == "" {
+		return errors.New("no box directory")
+	}
+	return nil
+}
+
+// prepare builds what a boot needs: the writable disk, the lower images,
+// the initramfs, and the kernel command line.
+func (r *Runtime) prepare(spec *isolate.Spec) (vmConfig, *guestConfig, error) {
+	vm := vmConfig{
+		Memory: vmMemory(spec.Limits, r.cfg), CPUs: vmCPUs(spec.Limits), Accel: r.info.Accel,
+		Kernel: r.info.Kernel, Net: spec.Net, Limits: spec.Limits,
+	}
+	if err := r.ensureDisk(spec.Dir); err != nil {
+		return vm, nil, err
+	}
+	gc := &guestConfig{Hostname: spec.Hostname, Disk: "rw"}
+	index := map[string]string{}
+	for _, l := range spec.Layers {
+		gl := guestLayer{Target: l.Target, Name: l.Name}
+		for _, low := range l.Lowers {
+			img, err := r.images.image(low)
+			if err != nil {
+				return vm, nil, err
+			}
+			s, ok := index[img]
+			if !ok {
+				s = "l" + strconv.Itoa(len(vm.Lowers))
+				index[img] = s
+				vm.Lowers = append(vm.Lowers, img)
+			}
+			gl.Lowers = append(gl.Lowers, s)
+		}
+		gc.Layers = append(gc.Layers, gl)
+	}
+	initrd, err := initramfs(r.cfg.StateDir, r.cfg.Exe, r.info.KernelVer)
+	if err != nil {
+		return vm, nil, err
+	}
+	vm.Initrd = initrd
+	if spec.Net {
+		vm.MAC = guestMAC(spec.ID)
+	}
+	return vm, gc, nil
+}
+
+// cmdline is the guest kernel's command line carrying gc.
+func cmdline(gc *guestConfig) (string, error) {
+	b, _ := json.Marshal(gc)
+	s := "console=ttyS0 quiet panic=-1 pci=off cryptomgr.notests i8042.noaux i8042.nokbd i8042.nopnp den.cfg=" +
+		base64.RawURLEncoding.EncodeToString(b)
+	if len(s) >= 2048 {
+		return "", fmt.Errorf("the box's configuration does not fit on the guest kernel's command line (%d bytes)", len(s))
+	}
+	return s, nil
+}
+
+// ensureDisk makes the box's writable disk on first use: a sparse ext4
+// image the host never mounts (its contents are the guest's).
+func (r *Runtime) ensureDisk(dir string) error {
+	disk := filepath.Join(dir, "disk.img")
+	if _, err := os.Stat(disk); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create box directory: %w", err)
+	}
+	tmp := disk + ".tmp"
+	os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(r.cfg.DiskSize)
+	f.Close()
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("create disk: %w", err)
+	}
+	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", tmp).CombinedOutput()
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("mkfs.ext4: %v: %s", err, tail(out, 300))
+	}
+	return os.Rename(tmp, disk)
+}
+
+// qemuArgs is QEMU's command line for vm; a tap descriptor, if any, is
+// fd 3.
+func qemuArgs(vm vmConfig, run, dir string, incoming bool) []string {
+	cpu := "max"
+	if vm.Accel == "kvm" {
+		cpu = "host"
+	}
+	a := []string{
+		"-name", "den-" + filepath.Base(run),
+		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off,acpi=on",
+		"-accel", vm.Accel, "-cpu", cpu,
+		"-m", strconv.FormatInt(vm.Memory, 10), "-smp", strconv.Itoa(vm.CPUs),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", vm.Kernel, "-initrd", vm.Initrd, "-append", vm.Cmdline,
+		"-chardev", "file,id=con,path=" + filepath.Join(run, "console.log"), "-serial", "chardev:con",
+		"-qmp", "unix:" + filepath.Join(run, "qmp.sock") + ",server=on,wait=off",
+		"-drive", "if=none,id=rw,format=raw,discard=unmap,file=" + filepath.Join(dir, "disk.img"),
+		"-device", "virtio-blk-device,drive=rw,serial=rw",
+	}
+	for i, img := range vm.Lowers {
+		id := "l" + strconv.Itoa(i)
+		a = append(a, "-drive", "if=none,id="+id+",format=raw,readonly=on,file="+img,
+			"-device", "virtio-blk-device,drive="+id+",serial="+id)
+	}
+	a = append(a,
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,server=on,wait=off,path="+filepath.Join(run, "agent.sock"),
+		"-device", "virtserialport,chardev=agent,name="+agentPort,
+	)
+	if vm.Net {
+		a = append(a, "-netdev", "tap,id=n0,fd=3", "-device", "virtio-net-device,netdev=n0,mac="+vm.MAC)
+	}
+	if incoming {
+		a = append(a, "-S", "-incoming", "defer")
+	}
+	return a
+}
+
+// Start boots a box.
+func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (isolate.Box, error) {
+	if err := validate(spec); err != nil {
+		return nil, err
+	}
+	vm, gc, err := r.prepare(spec)
+	if err != nil {
+		return nil, err
+	}
+	return r.boot(ctx, spec, vm, gc, "")
+}
+
+// boot starts QEMU for spec and waits for its agent; with a checkpoint
+// directory it restores the VM from it instead of booting.
+func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc *guestConfig, ckpt string) (_ isolate.Box, err error) {
+	run := r.boxRun(spec.ID)
+	r.killStale(spec.ID)
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	os.RemoveAll(run)
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	cleanup = append(cleanup, func() { os.RemoveAll(run) })
+
+	var tap *os.File
+	if spec.Net {
+		if r.net == nil {
+			return nil, errors.New("this daemon has no sandbox network (start den serve with networking)")
+		}
+		nsPath := filepath.Join(run, "netns")
+		if err := linux.CreateNetNS(nsPath); err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, func() { r.net.Detach(spec.NetSlot); linux.RemoveNetNS(nsPath) })
+		if _, err := r.net.AttachPath(nsPath, spec.NetSlot); err != nil {
+			return nil, err
+		}
+		if spec.NetBandwidth > 0 {
+			if err := r.net.SetBandwidthPath(nsPath, spec.NetSlot, spec.NetBandwidth); err != nil {
+				return nil, err
+			}
+		}
+		f, gn, err := wireTap(nsPath)
+		if err != nil {
+			return nil, fmt.Errorf("wire the guest's network: %w", err)
+		}
+		defer f.Close()
+		tap = f
+		if gc != nil {
+			gc.Net = gn
+		}
+		vm.Net = true
+		if vm.MAC == "" {
+			vm.MAC = guestMAC(spec.ID)
+		}
+	} else {
+		vm.Net = false
+	}
+	if gc != nil {
+		if vm.Cmdline, err = cmdline(gc); err != nil {
+			return nil, err
+		}
+		if r.cfg.extraAppend != "" {
+			vm.Cmdline += " " + r.cfg.extraAppend
+		}
+	}
+	if b, err := json.Marshal(vm); err == nil {
+		os.WriteFile(filepath.Join(run, "vm.json"), b, 0o600)
+	}
+	logf, err := os.OpenFile(filepath.Join(run, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(r.info.QEMU, qemuArgs(vm, run, spec.Dir, ckpt != "")...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if tap != nil {
+		cmd.ExtraFiles = []*os.File{tap}
+	}
+	// Its own session: QEMU outlives the daemon (Load reattaches).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start QEMU: %w", err)
+	}
+	os.WriteFile(filepath.Join(run, "qemu.pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
+	b := &box{rt: r, spec: spec, run: run, vm: vm, pid: cmd.Process.Pid, kill: cmd.Process.Kill,
+		link: agent.NewLink(), done: make(chan struct{})}
+	go func() { cmd.Wait(); close(b.done) }()
+	cleanup = append(cleanup, func() { b.kill(); <-b.done; b.link.Close() })
+
+	bctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-b.done:
+			cancel()
+		case <-bctx.Done():
+		}
+	}()
+	fail := func(step string, err error) error {
+		select {
+		case <-b.done:
+			return fmt.Errorf("%s: the VM ended: %s", step, b.failure())
+		default:
+		}
+		if ctx.Err() == nil && bctx.Err() != nil {
+			return fmt.Errorf("%s: no answer within %v: %s", step, r.cfg.BootTimeout, b.failure())
+		}
+		return fmt.Errorf("%s: %w", step, err)
+	}
+	if b.qmp, err = dialQMP(bctx, filepath.Join(run, "qmp.sock")); err != nil {
+		return nil, fail("connect to QEMU", err)
+	}
+	cleanup = append(cleanup, b.qmp.close)
+	if ckpt != "" {
+		if err := b.incoming(bctx, filepath.Join(ckpt, "memory")); err != nil {
+			return nil, fail("restore", err)
+		}
+	}
+	if err := b.attach(bctx); err != nil {
+		return nil, fail("wait for the agent", err)
+	}
+	b.booted = time.Since(t0)
+	return b, nil
+}
+
+// failure is why the VM failed: the end of its console and of QEMU's own
+// log.
+func (b *box) failure() string {
+	con, _ := os.ReadFile(filepath.Join(b.run, "console.log"))
+	ql, _ := os.ReadFile(filepath.Join(b.run, "qemu.log"))
+	msg := tail(con, 1500)
+	if q := tail(ql, 500); q != "" {
+		msg += "\nqemu: " + q
+	}
+	if msg == "" {
+		msg = "no console output"
+	}
+	return msg
+}
+
+// attach connects to the agent's serial port and opens a link session.
+func (b *box) attach(ctx context.Context) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", filepath.Join(b.run, "agent.sock"))
+	if err != nil {
+		return err
+	}
+	return b.link.Attach(ctx, conn)
+}
+
+// Stop kills QEMU and frees the box's run directory and network; its
+// disk stays. Idempotent.
+func (b *box) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return b.stopErr
+	}
+	b.kill()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return fmt.Errorf("stop: QEMU (pid %d) did not exit: %w", b.pid, ctx.Err())
+	}
+	b.stopped = true
+	b.link.Close()
+	if b.qmp != nil {
+		b.qmp.close()
+	}
+	b.stopErr = b.rt.cleanupRun(b.spec)
+	return b.stopErr
+}
+
+// cleanupRun removes a box's network and run directory.
+func (r *Runtime) cleanupRun(spec *isolate.Spec) error {
+	run := r.boxRun(spec.ID)
+	nsPath := filepath.Join(run, "netns")
+	if _, err := os.Stat(nsPath); err == nil {
+		if r.net != nil {
+			r.net.Detach(spec.NetSlot)
+		}
+		linux.RemoveNetNS(nsPath)
+	}
+	if err := os.RemoveAll(run); err != nil {
+		return fmt.Errorf("remove run dir: %w", err)
+	}
+	return nil
+}
+
+// killStale kills a QEMU of the box left by a dead daemon.
+func (r *Runtime) killStale(id string) {
+	run := r.boxRun(id)
+	b, err := os.ReadFile(filepath.Join(run, "qemu.pid"))
+	if err != nil {
+		return
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 || !isOurQEMU(pid, run) {
+		return
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	for i := 0; i < 500 && isOurQEMU(pid, run); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// isOurQEMU reports whether pid is a QEMU of the box whose run directory
+// is run.
+func isOurQEMU(pid int, run string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if i := strings.LastIndexByte(string(st), ')'); i > 0 && len(st) > i+2 && st[i+2] == 'Z' {
+		return false
+	}
+	return strings.Contains(string(b), "qemu") && strings.Contains(string(b), filepath.Join(run, "qmp.sock"))
+}
+
+// Destroy removes the box's storage (and anything a dead daemon left
+// running). Idempotent.
+func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
+	r.killStale(spec.ID)
+	if err := r.cleanupRun(spec); err != nil {
+		return err
+	}
+	if spec.Dir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(spec.Dir); err != nil {
+		return fmt.Errorf("remove box storage: %w", err)
+	}
+	return nil
+}
+
+// Load reattaches to a box whose QEMU (pid) outlived the daemon that
+// started it: its QMP socket and agent port are connected again.
+func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolate.Box, error) {
+	run := r.boxRun(spec.ID)
+	if !isOurQEMU(pid, run) {
+		return nil, fmt.Errorf("box %s: pid %d is not its QEMU", spec.ID, pid)
+	}
+	var vm vmConfig
+	if raw, err := os.ReadFile(filepath.Join(run, "vm.json")); err == nil {
+		json.Unmarshal(raw, &vm)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
+	}
+	b := &box{rt: r, spec: spec, run: run, vm: vm, pid: pid, link: agent.NewLink(), done: make(chan struct{})}
+	b.kill = func() error { return unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) }
+	unix.SetNonblock(pidfd, true)
+	pf := os.NewFile(uintptr(pidfd), "pidfd")
+	rc, err := pf.SyscallConn()
+	if err != nil {
+		pf.Close()
+		return nil, err
+	}
+	go func() {
+		rc.Read(func(fd uintptr) bool {
+			n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+			return n > 0
+		})
+		pf.Close()
+		close(b.done)
+	}()
+	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if b.qmp, err = dialQMP(lctx, filepath.Join(run, "qmp.sock")); err != nil {
+		return nil, fmt.Errorf("box %s: %w", spec.ID, err)
+	}
+	st, err := b.qmp.status(lctx)
+	if err != nil {
+		b.qmp.close()
+		return nil, fmt.Errorf("box %s: %w", spec.ID, err)
+	}
+	if st == "paused" {
+		// A paused guest cannot answer: attach on Resume.
+		b.paused, b.needAttach = true, true
+		return b, nil
+	}
+	if err := b.attach(lctx); err != nil {
+		b.qmp.close()
+		return nil, fmt.Errorf("box %s: agent does not answer: %w", spec.ID, err)
+	}
+	return b, nil
+}
+
+// Pause stops the VM's CPUs.
+func (b *box) Pause(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return errors.New("the box is stopped")
+	}
+	if _, err := b.qmp.run(ctx, "stop", nil); err != nil {
+		return err
+	}
+	b.paused = true
+	return nil
+}
+
+// Resume runs the VM's CPUs again.
+func (b *box) Resume(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return errors.New("the box is stopped")
+	}
+	if _, err := b.qmp.run(ctx, "cont", nil); err != nil {
+		return err
+	}
+	b.paused = false
+	if b.needAttach {
+		if err := b.attach(ctx); err != nil {
+			return err
+		}
+		b.needAttach = false
+	}
+	return nil
+}
+
+// Stats reports QEMU's CPU time and resident memory, and the traffic of
+// the box's interface.
+func (b *box) Stats() (isolate.Stats, error) {
+	var st isolate.Stats
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid))
+	if err != nil {
+		return st, fmt.Errorf("box %s: %w", b.spec.ID, err)
+	}
+	s := string(raw)
+	if i := strings.LastIndexByte(s, ')'); i > 0 {
+		f := strings.Fields(s[i+1:])
+		if len(f) > 13 {
+			ut, _ := strconv.ParseInt(f[11], 10, 64)
+			stt, _ := strconv.ParseInt(f[12], 10, 64)
+			st.CPU = time.Duration(ut+stt) * time.Second / 100
+		}
+	}
+	if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", b.pid)); err == nil {
+		if f := strings.Fields(string(m)); len(f) > 1 {
+			pages, _ := strconv.ParseInt(f[1], 10, 64)
+			st.Memory = pages * int64(os.Getpagesize())
+		}
+	}
+	if b.vm.Net {
+		st.NetRxBytes, st.NetTxBytes, _ = netCounters(filepath.Join(b.run, "netns"))
+	}
+	return st, nil
+}

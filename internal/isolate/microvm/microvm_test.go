@@ -1,0 +1,428 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/isolate/isolatetest"
+	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/vishvananda/netlink"
+)
+
+func TestMain(m *testing.M) {
+	if IsGuest() {
+		GuestMain()
+	}
+	os.Exit(m.Run())
+}
+
+// testCache keeps what is slow to remake across runs: the KVM verdict,
+// erofs images of the test layers, initramfs.
+const testCache = "/var/cache/den-microvm-test"
+
+func testConfig() Config {
+	return Config{
+		RunDir:   filepath.Join("/run/den-test/microvm", strconv.Itoa(os.Getpid())),
+		StateDir: filepath.Join(testCache, "state"),
+		Memory:   256 << 20,
+	}
+}
+
+// newRuntime skips unless the machine can run microVMs.
+func newRuntime(t testing.TB, mod func(*Config)) *Runtime {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the microvm tier needs root")
+	}
+	cfg := testConfig()
+	if mod != nil {
+		mod(&cfg)
+	}
+	info := Detect(context.Background(), cfg)
+	if !info.Available {
+		t.Skipf("microvm tier unavailable: %s", info.Reason)
+	}
+	rt, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("qemu %s, kernel %s, accel %s (%s)", info.QEMUVersion, info.Kernel, info.Accel, info.AccelReason)
+	t.Cleanup(func() { os.RemoveAll(cfg.RunDir) })
+	return rt
+}
+
+// busyboxRoot is a tiny root layer: busybox and its applets, /etc/passwd.
+// It lives at a fixed path so its erofs image is cached across runs.
+func busyboxRoot(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(testCache, "busybox-root")
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
+		return dir
+	}
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("needs /bin/busybox (busybox-static)")
+	}
+	os.RemoveAll(dir)
+	for _, d := range []string{"bin", "etc", "root", "tmp", "proc", "sys", "dev", "usr/bin", "srv"} {
+		os.MkdirAll(filepath.Join(dir, d), 0o755)
+	}
+	os.Chmod(filepath.Join(dir, "tmp"), 0o1777)
+	os.Chmod(filepath.Join(dir, "root"), 0o700)
+	b, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "bin/busybox"), b, 0o755)
+	out, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" {
+			os.Symlink("busybox", filepath.Join(dir, "bin", a))
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "etc/group"), []byte("root:x:0:\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "etc/hidden"), []byte("lower\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "usr/bin/from-root"), []byte("root layer\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
+	return dir
+}
+
+// usrLayer is an image layer for /usr with a file and a whiteout.
+func usrLayer(t testing.TB) string {
+	dir := filepath.Join(testCache, "usr-layer")
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
+		return dir
+	}
+	os.RemoveAll(dir)
+	os.MkdirAll(filepath.Join(dir, "share/den"), 0o755)
+	os.WriteFile(filepath.Join(dir, "share/den/hello"), []byte("from the usr layer\n"), 0o644)
+	os.Chown(filepath.Join(dir, "share/den/hello"), 1000, 1000)
+	os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
+	return dir
+}
+
+// whiteoutLayer hides /etc/hidden of the root layer.
+func whiteoutLayer(t testing.TB) string {
+	dir := filepath.Join(testCache, "whiteout-layer")
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
+		return dir
+	}
+	os.RemoveAll(dir)
+	os.MkdirAll(filepath.Join(dir, "etc"), 0o755)
+	if err := syscall.Mknod(filepath.Join(dir, "etc/hidden"), syscall.S_IFCHR|0o000, 0); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
+	return dir
+}
+
+func testSpec(t testing.TB, id string) *isolate.Spec {
+	return &isolate.Spec{
+		ID: id, Hostname: "box-" + id, Dir: filepath.Join(t.TempDir(), "state"),
+		Layers: []isolate.Overlay{{Target: "/", Lowers: []string{busyboxRoot(t)}, Name: "root"}},
+		Limits: isolate.Limits{Memory: 256 << 20, CPUs: 1},
+	}
+}
+
+func sh(t testing.TB, b isolate.Box, script string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", script}})
+	if err != nil {
+		t.Fatalf("%q: %v", script, err)
+	}
+	return res.Stdout + res.Stderr, res.Exit.ExitCode
+}
+
+func mustSh(t testing.TB, b isolate.Box, script string) string {
+	t.Helper()
+	out, code := sh(t, b, script)
+	if code != 0 {
+		t.Fatalf("%q: exit %d: %s", script, code, out)
+	}
+	return out
+}
+
+func TestConformance(t *testing.T) {
+	rt := newRuntime(t, nil)
+	isolatetest.Run(t, isolatetest.Harness{
+		Runtime: rt,
+		Spec:    func(t *testing.T, id string) *isolate.Spec { return testSpec(t, id) },
+		Timeout: 90 * time.Second,
+	})
+}
+
+// One VM's life: boot with a /usr overlay and a whiteout layer, Load by
+// pid after the runtime object is dropped, checkpoint and restore with a
+// background counter, then QEMU killed under the box.
+func TestLifecycle(t *testing.T) {
+	rt := newRuntime(t, nil)
+	ctx := context.Background()
+	spec := testSpec(t, "life")
+	spec.Layers[0].Lowers = append(spec.Layers[0].Lowers, whiteoutLayer(t))
+	spec.Layers = append(spec.Layers, isolate.Overlay{Target: "/usr", Lowers: []string{usrLayer(t)}, Name: "usr"})
+	defer rt.Destroy(ctx, spec)
+	t0 := time.Now()
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, b, "true")
+	t.Logf("cold start (Start until exec of true answered): %v", time.Since(t0))
+	out := mustSh(t, b, "cat /usr/share/den/hello; stat -c %u:%g /usr/share/den/hello; ls /usr/bin/from-root 2>&1; cat /etc/hidden 2>&1; echo new > /usr/share/den/new; ls /usr/share/den")
+	if !strings.Contains(out, "from the usr layer\n1000:1000\n") || !strings.Contains(out, "No such file") || !strings.Contains(out, "hello\nnew") {
+		t.Fatalf("usr overlay / whiteout: %q", out)
+	}
+	if strings.Contains(out, "root layer") || strings.Contains(out, "lower\n") {
+		t.Fatalf("the /usr overlay or the whiteout did not hide the lower file: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(usrLayer(t), "share/den/new")); err == nil {
+		t.Fatal("a write reached the image layer")
+	}
+	var ps struct{ ID string }
+	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"}}, &ps); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new runtime (as after a daemon restart) reattaches by pid once
+	// the old one's connections are gone.
+	pid := b.Pid()
+	b.(*box).qmp.close()
+	b.(*box).link.Close()
+	rt2, err := New(rt.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := rt2.Load(ctx, spec, pid)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if out := mustSh(t, b2, "hostname"); out != spec.Hostname+"\n" {
+		t.Fatalf("after load: %q", out)
+	}
+	if _, err := rt2.Load(ctx, spec, os.Getpid()); err == nil {
+		t.Fatal("Load accepted a pid that is not the box's QEMU")
+	}
+
+	// Checkpoint (stopping) and restore: the counter runs on.
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	before, _ := strconv.Atoi(strings.TrimSpace(mustSh(t, b2, "cat /tmp/count")))
+	t1 := time.Now()
+	if err := rt2.Checkpoint(ctx, b2, dir, false); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	ck := time.Since(t1)
+	select {
+	case <-b2.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("QEMU still runs after a stopping checkpoint")
+	}
+	mem, _ := os.Stat(filepath.Join(dir, "memory"))
+	t2 := time.Now()
+	r, err := rt2.Restore(ctx, spec, dir)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	mustSh(t, r, "true")
+	t.Logf("checkpoint %v (memory file %d MiB), restore until exec answered %v", ck, mem.Size()>>20, time.Since(t2))
+	after, _ := strconv.Atoi(strings.TrimSpace(mustSh(t, r, "cat /tmp/count")))
+	time.Sleep(300 * time.Millisecond)
+	later, _ := strconv.Atoi(strings.TrimSpace(mustSh(t, r, "cat /tmp/count; cat /usr/share/den/new")[:2]))
+	if after < before || later <= after {
+		t.Fatalf("counter %d before the checkpoint, %d after restore, %d later", before, after, later)
+	}
+
+	// QEMU killed: Done closes, Stop frees the run directory.
+	syscall.Kill(r.Pid(), syscall.SIGKILL)
+	select {
+	case <-r.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed after QEMU was killed")
+	}
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rt2.boxRun(spec.ID)); !os.IsNotExist(err) {
+		t.Fatalf("run dir left after Stop: %v", err)
+	}
+}
+
+// A guest kernel panic ends the VM and is reported; so is a guest that
+// cannot boot.
+func TestGuestFailures(t *testing.T) {
+	rt := newRuntime(t, nil)
+	ctx := context.Background()
+	spec := testSpec(t, "panic")
+	defer rt.Destroy(ctx, spec)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "echo c > /proc/sysrq-trigger"}})
+	select {
+	case <-b.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the VM runs on after a kernel panic")
+	}
+	if f := b.(*box).failure(); !strings.Contains(f, "Kernel panic") {
+		t.Fatalf("console after the panic: %s", f)
+	}
+	b.Stop(ctx)
+
+	bad := newRuntime(t, func(c *Config) { c.extraAppend = "rdinit=/den-missing" })
+	_, err = bad.Start(ctx, testSpec(t, "badboot"))
+	if err == nil || !strings.Contains(err.Error(), "panic") {
+		t.Fatalf("a guest that cannot boot: %v", err)
+	}
+	t.Logf("reported: %.300s", err)
+	if _, err := os.Stat(bad.boxRun("badboot")); !os.IsNotExist(err) {
+		t.Fatalf("run dir left after a failed start: %v", err)
+	}
+	if _, err := rt.Start(ctx, &isolate.Spec{ID: "vol", Dir: t.TempDir(), Layers: spec.Layers, Mounts: []isolate.Mount{{Source: "/tmp", Target: "/mnt"}}}); err == nil || !strings.Contains(err.Error(), "microvm") {
+		t.Fatalf("mounts: %v", err)
+	}
+}
+
+// The guest owns its slot's address on den's bridge: its connections
+// leave through the slot's veth and are redirected to the egress proxy's
+// port, seen there from the slot's address.
+func TestNetwork(t *testing.T) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nftables")
+	}
+	id := os.Getpid() % 10000
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	ncfg := linux.NetworkConfig{
+		Bridge: fmt.Sprintf("dmv%d", id), Table: fmt.Sprintf("denmv%d", id),
+		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.232.%d.0/24", id%250)),
+		Transparent: port, DNS: port + 1, HTTPProxy: port + 2,
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	t.Cleanup(func() {
+		exec.Command("nft", "delete", "table", "inet", ncfg.Table).Run()
+		if l, err := netlink.LinkByName(ncfg.Bridge); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	n, err := linux.NewNetwork(ncfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := newRuntime(t, func(c *Config) { c.Network = n })
+	ctx := context.Background()
+	spec := testSpec(t, "net")
+	spec.Net, spec.NetSlot, spec.NetBandwidth = true, 5, 10<<20
+	defer rt.Destroy(ctx, spec)
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		b := make([]byte, 64)
+		k, _ := io.ReadAtLeast(c, b, 5)
+		c.Write([]byte("pong\n"))
+		got <- c.RemoteAddr().(*net.TCPAddr).IP.String() + " " + string(b[:k])
+	}()
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := n.Addr(spec.NetSlot)
+	out := mustSh(t, b, "ip -4 addr show eth0 | grep inet; echo hello | nc -w 5 198.51.100.7 80")
+	if !strings.Contains(out, addr.String()+"/") || !strings.Contains(out, "pong") {
+		t.Fatalf("guest network: %q (want %s and the proxy's answer)", out, addr)
+	}
+	select {
+	case s := <-got:
+		if !strings.HasPrefix(s, addr.String()+" hello") {
+			t.Fatalf("the proxy saw %q, want a connection from %s", s, addr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection did not reach the egress port")
+	}
+	st, err := b.(isolate.Statser).Stats()
+	if err != nil || st.NetTxBytes == 0 || st.NetRxBytes == 0 {
+		t.Fatalf("stats: %+v %v", st, err)
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(rt.boxRun(spec.ID), "netns")); !os.IsNotExist(err) {
+		t.Fatalf("netns left after Stop: %v", err)
+	}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		if m := l.Attrs().MasterIndex; m != 0 {
+			if br, _ := netlink.LinkByIndex(m); br != nil && br.Attrs().Name == ncfg.Bridge {
+				t.Fatalf("veth %s left on the bridge after Stop", l.Attrs().Name)
+			}
+		}
+	}
+}
+
+// BenchmarkRawBoot boots the same kernel and initramfs with a bare QEMU
+// command to the guest init, which powers off at once: the floor under
+// Start.
+func BenchmarkRawBoot(b *testing.B) {
+	rt := newRuntime(b, nil)
+	initrd, err := initramfs(rt.cfg.StateDir, rt.cfg.Exe, rt.info.KernelVer)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cpu := "max"
+	if rt.info.Accel == "kvm" {
+		cpu = "host"
+	}
+	for i := 0; i < b.N; i++ {
+		out, err := exec.Command(rt.info.QEMU, "-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off,acpi=on",
+			"-accel", rt.info.Accel, "-cpu", cpu, "-m", "256", "-nodefaults", "-no-user-config", "-nographic",
+			"-serial", "stdio", "-kernel", rt.info.Kernel, "-initrd", initrd,
+			"-append", "console=ttyS0 quiet panic=-1 den.probe", "-no-reboot").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "den-guest-ready") {
+			b.Fatalf("%v: %s", err, out)
+		}
+	}
+}
+
+// BenchmarkColdStart is Start until the agent answers an exec of true.
+func BenchmarkColdStart(b *testing.B) {
+	rt := newRuntime(b, nil)
+	ctx := context.Background()
+	spec := testSpec(b, "bench")
+	defer rt.Destroy(ctx, spec)
+	for i := 0; i < b.N; i++ {
+		bx, err := rt.Start(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mustSh(b, bx, "true")
+		bx.Stop(ctx)
+	}
+}
