@@ -21,8 +21,13 @@ type box struct {
 	rt   *Runtime
 	spec *isolate.Spec
 	link *agent.Link
-	pid  int // runsc's sandbox process
 	done chan struct{}
+
+	smu         sync.Mutex
+	pid         int           // runsc's sandbox process
+	sandboxDone chan struct{} // closed when that process ends
+	swapping    bool          // a checkpoint that keeps the box running replaces its sandbox
+	swapped     chan struct{} // a swap ended
 
 	mu       sync.Mutex // serializes lifecycle calls
 	paused   bool
@@ -42,35 +47,84 @@ func (r *Runtime) newBox(spec *isolate.Spec, pid int) (*box, error) {
 	if err := r.checkSandbox(pid, spec.ID); err != nil {
 		return nil, err
 	}
-	b := &box{rt: r, spec: spec, pid: pid, link: agent.NewLink(), done: make(chan struct{})}
-	// Wait for the sandbox's end through the runtime's poller (no thread
-	// per box): a pidfd becomes readable when its process exits. The
-	// sandbox is not our child (runsc run --detach leaves it), so this is
-	// the way to see it go.
+	b := &box{rt: r, spec: spec, pid: pid, link: agent.NewLink(), done: make(chan struct{}), swapped: make(chan struct{}, 1)}
+	ch, err := watch(pid)
+	if err != nil {
+		return nil, fmt.Errorf("box %s: %w", spec.ID, err)
+	}
+	b.sandboxDone = ch
+	go b.supervise()
+	return b, nil
+}
+
+// supervise closes Done when the box's sandbox ends, unless a checkpoint
+// is replacing it with a new one.
+func (b *box) supervise() {
+	for {
+		b.smu.Lock()
+		ch := b.sandboxDone
+		b.smu.Unlock()
+		<-ch
+		for {
+			b.smu.Lock()
+			if b.sandboxDone != ch {
+				b.smu.Unlock()
+				break // a new sandbox: watch it
+			}
+			if !b.swapping {
+				b.smu.Unlock()
+				close(b.done)
+				b.link.Close() // requests fail rather than wait for a box that is gone
+				return
+			}
+			b.smu.Unlock()
+			<-b.swapped
+		}
+	}
+}
+
+// watch returns a channel closed when process pid ends. It waits through
+// the runtime's poller (no thread per box): a pidfd becomes readable when
+// its process exits. The sandbox is not our child (runsc run --detach
+// leaves it), so this is the way to see it go.
+func watch(pid int) (chan struct{}, error) {
 	pidfd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
-		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
+		return nil, fmt.Errorf("pidfd: %w", err)
 	}
 	pf := os.NewFile(uintptr(pidfd), "pidfd")
 	rc, err := pf.SyscallConn()
 	if err != nil {
 		pf.Close()
-		return nil, fmt.Errorf("box %s: pidfd: %w", spec.ID, err)
+		return nil, fmt.Errorf("pidfd: %w", err)
 	}
+	ch := make(chan struct{})
 	go func() {
 		rc.Read(func(fd uintptr) bool {
 			n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
 			return n > 0
 		})
 		pf.Close()
-		close(b.done)
-		b.link.Close() // requests fail rather than wait for a box that is gone
+		close(ch)
 	}()
-	return b, nil
+	return ch, nil
 }
 
-func (b *box) Agent() *agent.Client  { return b.link.Client() }
-func (b *box) Pid() int              { return b.pid }
+// network is the runsc network flag the box was started with (runsc
+// checkpoint --leave-running boots the sandbox anew with it).
+func (b *box) network() string {
+	if b.spec.Net {
+		return "--network=sandbox"
+	}
+	return "--network=none"
+}
+
+func (b *box) Agent() *agent.Client { return b.link.Client() }
+func (b *box) Pid() int {
+	b.smu.Lock()
+	defer b.smu.Unlock()
+	return b.pid
+}
 func (b *box) Done() <-chan struct{} { return b.done }
 
 // fifos is the daemon's end of a box's stdio: it reads the box's stdout
@@ -189,8 +243,11 @@ const checkpointTimeout = 5 * time.Minute
 
 // Checkpoint saves box b (of this runtime) into dir with runsc
 // checkpoint. The agent's link session ends first (the image keeps no
-// daemon connection) and a new one starts on the same FIFOs if the box
-// runs on.
+// daemon connection). runsc checkpoint always ends the sandbox (this
+// runsc's --leave-running restores into a sandbox that takes runsc's own
+// stdio and waits for it), so with keepRunning the box is restored at once
+// from dir, on the same FIFOs, and runs on in a new sandbox: Pid changes
+// (Load finds the new one), Done stays open.
 func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, keepRunning bool) error {
 	b, ok := ib.(*box)
 	if !ok || b.rt != r {
@@ -201,34 +258,82 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 	if b.stopped {
 		return fmt.Errorf("checkpoint %s: the box is stopped", b.spec.ID)
 	}
+	select {
+	case <-b.done:
+		return fmt.Errorf("checkpoint %s: the box is gone", b.spec.ID)
+	default:
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", b.spec.ID, err)
 	}
 	b.link.Detach()
 	b.attached = false
-	args := []string{"checkpoint", "--image-path", dir}
-	if keepRunning {
-		args = append(args, "--leave-running")
+	b.smu.Lock()
+	b.swapping = keepRunning
+	old := b.sandboxDone
+	b.smu.Unlock()
+	endSwap := func() {
+		b.smu.Lock()
+		b.swapping = false
+		b.smu.Unlock()
+		select {
+		case b.swapped <- struct{}{}:
+		default:
+		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, checkpointTimeout)
 	defer cancel()
-	_, err := r.runsc(cctx, nil, append(args, b.spec.ID)...)
-	if err != nil || keepRunning {
-		if st := r.containerState(ctx, b.spec.ID); st == "running" {
-			if aerr := b.attach(ctx); aerr != nil && err == nil {
-				err = fmt.Errorf("checkpoint %s: the box runs on but its agent does not answer: %w", b.spec.ID, aerr)
-			}
+	run := r.boxRun(b.spec.ID)
+	_, err := r.runsc(cctx, []string{b.network(), "--log=" + filepath.Join(run, "runsc.log")}, "checkpoint", "--image-path", dir, b.spec.ID)
+	if err != nil {
+		endSwap()
+		if r.containerState(ctx, b.spec.ID) == "running" {
+			b.attach(ctx)
 		}
-		return err
+		return fmt.Errorf("checkpoint %s: %w", b.spec.ID, err)
 	}
 	// The sandbox exits once its state is saved.
 	select {
-	case <-b.done:
+	case <-old:
 	case <-time.After(10 * time.Second):
-	case <-ctx.Done():
-		return ctx.Err()
+		syscall.Kill(b.Pid(), syscall.SIGKILL)
+		<-old
 	}
-	return b.stop(ctx)
+	if !keepRunning {
+		return b.stop(ctx)
+	}
+	err = func() error {
+		r.runsc(ctx, nil, "delete", "--force", b.spec.ID)
+		if b.spec.Net {
+			if err := r.setupNet(b.spec); err != nil {
+				return err
+			}
+		}
+		pid, err := r.launch(cctx, b.spec, dir)
+		if err != nil {
+			if msg := logTail(run); msg != "" {
+				err = fmt.Errorf("%w; runsc log: %s", err, msg)
+			}
+			return err
+		}
+		ch, err := watch(pid)
+		if err != nil {
+			return err
+		}
+		b.smu.Lock()
+		b.pid, b.sandboxDone = pid, ch
+		b.smu.Unlock()
+		return nil
+	}()
+	endSwap()
+	if err != nil {
+		b.stop(ctx)
+		return fmt.Errorf("checkpoint %s: saved, but the box could not run on: %w", b.spec.ID, err)
+	}
+	if err := b.attach(ctx); err != nil {
+		return fmt.Errorf("checkpoint %s: the box runs on but its agent does not answer: %w", b.spec.ID, err)
+	}
+	return nil
 }
 
 // Stats reports the box's resource use: CPU and memory from its cgroup
@@ -237,7 +342,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 func (b *box) Stats() (isolate.Stats, error) {
 	u := b.rt.cg.usage(b.spec.ID)
 	st := isolate.Stats{CPU: u.CPU, Memory: u.Memory, Pids: u.Pids}
-	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", b.pid))
+	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", b.Pid()))
 	if err != nil {
 		return st, fmt.Errorf("box %s: read network counters: %w", b.spec.ID, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -204,21 +205,29 @@ func (r *Runtime) globalFlags() []string {
 }
 
 // containerState is runsc's state of container id: "running", "paused",
-// "stopped", "created", or "" when runsc knows no such container.
+// "stopped", "created", or "" when runsc knows no such container; and the
+// sandbox's pid.
 func (r *Runtime) containerState(ctx context.Context, id string) string {
+	st, _ := r.containerInfo(ctx, id)
+	return st
+}
+
+func (r *Runtime) containerInfo(ctx context.Context, id string) (string, int) {
 	out, err := r.runsc(ctx, nil, "state", id)
 	if err != nil {
-		return ""
+		return "", 0
 	}
-	i := bytes.Index(out, []byte(`"status": "`))
-	if i < 0 {
-		return ""
+	var st struct {
+		Status string `json:"status"`
+		Pid    int    `json:"pid"`
 	}
-	s := out[i+len(`"status": "`):]
-	if j := bytes.IndexByte(s, '"'); j >= 0 {
-		return string(s[:j])
+	if i := bytes.IndexByte(out, '{'); i >= 0 {
+		out = out[i:]
 	}
-	return ""
+	if json.Unmarshal(out, &st) != nil {
+		return "", 0
+	}
+	return st.Status, st.Pid
 }
 
 // Start boots a box.
@@ -263,102 +272,20 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, image string) (_
 		return nil, err
 	}
 	run := r.boxRun(spec.ID)
-	if err := os.MkdirAll(run, 0o700); err != nil {
-		return nil, fmt.Errorf("create run dir: %w", err)
-	}
-	var logf *os.File
 	defer func() {
 		if err != nil {
-			if logf != nil {
-				if msg := logTail(run); msg != "" {
-					err = fmt.Errorf("%w; runsc log: %s", err, msg)
-				}
-				logf.Close()
+			if msg := logTail(run); msg != "" {
+				err = fmt.Errorf("%w; runsc log: %s", err, msg)
 			}
 			r.clean(context.Background(), spec)
 		}
 	}()
-	rootfs := filepath.Join(run, "rootfs")
-	if err := os.Mkdir(rootfs, 0o755); err != nil {
+	if err := r.prepare(spec); err != nil {
 		return nil, err
 	}
-	if err := mountRoot(spec, rootfs); err != nil {
-		return nil, err
-	}
-	bd := bundle{spec: spec, rootfs: rootfs, agentDir: r.agentDir, cgroup: "/" + r.cfg.CgroupParent + "/" + spec.ID}
-	if ok, err := r.tmpDir(spec, rootfs); err != nil {
-		return nil, err
-	} else {
-		bd.tmpBind = ok
-	}
-	for i, m := range spec.Mounts {
-		dst := filepath.Join(run, "mnt", strconv.Itoa(i))
-		if err := bindSource(m, dst); err != nil {
-			return nil, err
-		}
-		bd.binds = append(bd.binds, dst)
-	}
-	network := "--network=none"
-	if spec.Net {
-		bd.netns = filepath.Join(run, "netns")
-		if err := linux.CreateNetNS(bd.netns); err != nil {
-			return nil, err
-		}
-		if _, err := r.cfg.Network.AttachPath(bd.netns, spec.NetSlot); err != nil {
-			return nil, err
-		}
-		if spec.NetBandwidth > 0 {
-			if err := r.cfg.Network.SetBandwidthPath(bd.netns, spec.NetSlot, spec.NetBandwidth); err != nil {
-				return nil, err
-			}
-		}
-		network = "--network=sandbox"
-	}
-	if err := writeBundle(run, bd); err != nil {
-		return nil, err
-	}
-	// The box's stdin and stdout: FIFOs, opened read-write so the box never
-	// sees an end of file when the daemon goes away.
-	var stdio [2]*os.File
-	for i, name := range []string{"in", "out"} {
-		p := filepath.Join(run, name)
-		if err := unix.Mkfifo(p, 0o600); err != nil {
-			return nil, fmt.Errorf("create FIFO %s: %w", name, err)
-		}
-		f, err := os.OpenFile(p, os.O_RDWR, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open FIFO %s: %w", name, err)
-		}
-		defer f.Close()
-		stdio[i] = f
-	}
-	logf, err = os.OpenFile(filepath.Join(run, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	pid, err := r.launch(ctx, spec, image)
 	if err != nil {
 		return nil, err
-	}
-	global := []string{network, "--log=" + filepath.Join(run, "runsc.log")}
-	args := []string{"run", "--detach", "--bundle", run, "--pid-file", filepath.Join(run, "pid")}
-	if image != "" {
-		args = []string{"restore", "--detach", "--bundle", run, "--pid-file", filepath.Join(run, "pid"), "--image-path", image}
-	}
-	cmd := exec.CommandContext(ctx, r.info.Runsc, append(append(append(r.globalFlags(), global...), args...), spec.ID)...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], logf
-	cmd.Dir = run
-	cmd.WaitDelay = time.Second
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
-		return nil, fmt.Errorf("runsc %s: %w", args[0], err)
-	}
-	logf.Close()
-	pidb, err := os.ReadFile(filepath.Join(run, "pid"))
-	if err != nil {
-		return nil, fmt.Errorf("runsc %s: no pid file: %w", args[0], err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(pidb)))
-	if err != nil {
-		return nil, fmt.Errorf("runsc %s: pid file: %w", args[0], err)
 	}
 	b, err := r.newBox(spec, pid)
 	if err != nil {
@@ -369,6 +296,125 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, image string) (_
 		return nil, fmt.Errorf("box %s: %w", spec.ID, err)
 	}
 	return b, nil
+}
+
+// prepare makes the box's run directory: its root mounted, its volumes'
+// host bind mounts, its network namespace, config.json and stdio FIFOs.
+func (r *Runtime) prepare(spec *isolate.Spec) error {
+	run := r.boxRun(spec.ID)
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		return fmt.Errorf("create run dir: %w", err)
+	}
+	rootfs := filepath.Join(run, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return err
+	}
+	if err := mountRoot(spec, rootfs); err != nil {
+		return err
+	}
+	bd := bundle{spec: spec, rootfs: rootfs, agentDir: r.agentDir, cgroup: "/" + r.cfg.CgroupParent + "/" + spec.ID}
+	ok, err := r.tmpDir(spec, rootfs)
+	if err != nil {
+		return err
+	}
+	bd.tmpBind = ok
+	for i, m := range spec.Mounts {
+		dst := filepath.Join(run, "mnt", strconv.Itoa(i))
+		if err := bindSource(m, dst); err != nil {
+			return err
+		}
+		bd.binds = append(bd.binds, dst)
+	}
+	if spec.Net {
+		bd.netns = filepath.Join(run, "netns")
+		if err := r.setupNet(spec); err != nil {
+			return err
+		}
+	}
+	if err := writeBundle(run, bd); err != nil {
+		return err
+	}
+	for _, name := range []string{"in", "out"} {
+		if err := unix.Mkfifo(filepath.Join(run, name), 0o600); err != nil {
+			return fmt.Errorf("create FIFO %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// setupNet pins the box's network namespace and gives it eth0 on den's
+// bridge in the box's slot. gVisor's netstack takes the interface's
+// addresses and routes from it when the sandbox boots (and removes them
+// from the host side), so every boot gets a fresh namespace.
+func (r *Runtime) setupNet(spec *isolate.Spec) error {
+	path := filepath.Join(r.boxRun(spec.ID), "netns")
+	linux.RemoveNetNS(path)
+	r.cfg.Network.Detach(spec.NetSlot)
+	if err := linux.CreateNetNS(path); err != nil {
+		return err
+	}
+	if _, err := r.cfg.Network.AttachPath(path, spec.NetSlot); err != nil {
+		return err
+	}
+	if spec.NetBandwidth > 0 {
+		if err := r.cfg.Network.SetBandwidthPath(path, spec.NetSlot, spec.NetBandwidth); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// launch runs `runsc run` (or `runsc restore` from image) detached on the
+// prepared run directory and returns the sandbox's pid. The box's stdin
+// and stdout are the FIFOs, opened read-write so the box never sees an
+// end of file when the daemon goes away; its stderr and runsc's go to
+// the run directory's log.
+func (r *Runtime) launch(ctx context.Context, spec *isolate.Spec, image string) (int, error) {
+	run := r.boxRun(spec.ID)
+	var stdio [2]*os.File
+	for i, name := range []string{"in", "out"} {
+		f, err := os.OpenFile(filepath.Join(run, name), os.O_RDWR, 0)
+		if err != nil {
+			return 0, fmt.Errorf("open FIFO %s: %w", name, err)
+		}
+		defer f.Close()
+		stdio[i] = f
+	}
+	logf, err := os.OpenFile(filepath.Join(run, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer logf.Close()
+	pidFile := filepath.Join(run, "pid")
+	os.Remove(pidFile)
+	network := "--network=none"
+	if spec.Net {
+		network = "--network=sandbox"
+	}
+	global := []string{network, "--log=" + filepath.Join(run, "runsc.log")}
+	args := []string{"run", "--detach", "--bundle", run, "--pid-file", pidFile}
+	if image != "" {
+		args = []string{"restore", "--detach", "--bundle", run, "--pid-file", pidFile, "--image-path", image}
+	}
+	cmd := exec.CommandContext(ctx, r.info.Runsc, append(append(append(r.globalFlags(), global...), args...), spec.ID)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], logf
+	cmd.Dir = run
+	cmd.WaitDelay = time.Second
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return 0, fmt.Errorf("runsc %s: %w", args[0], err)
+	}
+	pidb, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, fmt.Errorf("runsc %s: no pid file: %w", args[0], err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pidb)))
+	if err != nil {
+		return 0, fmt.Errorf("runsc %s: pid file: %w", args[0], err)
+	}
+	return pid, nil
 }
 
 // tmpDir makes sure the root has a /tmp and says whether to bind it over
@@ -505,16 +551,21 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	return nil
 }
 
-// Load reattaches to a box that outlived the daemon that started it: pid
-// (what Pid returned) must still be its runsc sandbox, and its agent must
-// answer (unless the box is paused: then after Resume).
+// Load reattaches to a box that outlived the daemon that started it, and
+// whose agent must answer (unless the box is paused: then after Resume).
+// pid is what Pid returned; if it is no longer the box's sandbox (a
+// checkpoint that kept the box running boots a new one), the sandbox runsc
+// knows for the box's id is taken, after the same checks.
 func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolate.Box, error) {
-	if err := r.checkSandbox(pid, spec.ID); err != nil {
-		return nil, err
-	}
-	st := r.containerState(ctx, spec.ID)
+	st, cur := r.containerInfo(ctx, spec.ID)
 	if st != "running" && st != "paused" {
 		return nil, fmt.Errorf("box %s: runsc reports it %q", spec.ID, st)
+	}
+	if err := r.checkSandbox(pid, spec.ID); err != nil {
+		if cur <= 0 || r.checkSandbox(cur, spec.ID) != nil {
+			return nil, err
+		}
+		pid = cur
 	}
 	b, err := r.newBox(spec, pid)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -198,4 +199,367 @@ func TestBoot(t *testing.T) {
 	if res := sh(t, b, "echo x >> /dev/.den/den || rm -f /dev/.den/den"); res.Exit.ExitCode == 0 {
 		t.Fatal("the box modified the agent's binary")
 	}
+}
+
+func TestStopStartKeepsFiles(t *testing.T) {
+	rt := newRuntime(t)
+	spec := testSpec(t, "gstop")
+	ctx := ctxT(t, 2*time.Minute)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Destroy(context.Background(), spec) })
+	mustSh(t, b, "echo kept > /root/file && mkdir -p /srv && echo o > /srv/owned && chown 1000:1000 /srv/owned")
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.Done():
+	default:
+		t.Fatal("Done not closed after Stop")
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
+	if l := leftovers(rt, spec.ID); len(l) > 0 {
+		t.Fatalf("left after Stop: %v", l)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(spec.Dir, "upper/root/root/file"), &st); err != nil || st.Uid != 0 || st.Gid != 0 {
+		t.Fatalf("a file root made is %d:%d on disk (%v), want 0:0", st.Uid, st.Gid, err)
+	}
+	b2, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatalf("start again: %v", err)
+	}
+	defer b2.Stop(context.Background())
+	if out := mustSh(t, b2, "cat /root/file; busybox stat -c %u:%g /srv/owned"); out != "kept\n1000:1000\n" {
+		t.Fatalf("after a restart: %q", out)
+	}
+}
+
+func TestMountsAndLimits(t *testing.T) {
+	rt := newRuntime(t)
+	spec := testSpec(t, "glimits")
+	vol, ro := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(ro, "f"), []byte("ro\n"), 0o644)
+	spec.Mounts = []isolate.Mount{
+		{Source: vol, Target: "/data/vol"},
+		{Source: ro, Target: "/data/vol/ro", ReadOnly: true},
+	}
+	spec.Limits = isolate.Limits{Memory: 128 << 20, CPUs: 0.5, Pids: 100}
+	b := start(t, rt, spec)
+	mustSh(t, b, "echo w > /data/vol/w && cat /data/vol/ro/f")
+	if data, err := os.ReadFile(filepath.Join(vol, "w")); err != nil || string(data) != "w\n" {
+		t.Fatalf("volume write: %q %v", data, err)
+	}
+	if res := sh(t, b, "echo x > /data/vol/ro/g"); res.Exit.ExitCode == 0 {
+		t.Fatal("wrote through a read-only mount")
+	}
+	// gVisor's kernel sizes its memory by the limit.
+	out := mustSh(t, b, "grep MemTotal /proc/meminfo")
+	t.Logf("%s", out)
+	if f := strings.Fields(out); len(f) < 2 || f[1] != strconv.Itoa(128<<10) {
+		t.Errorf("MemTotal inside = %q, want the 128 MiB limit", out)
+	}
+	cgFile := func(c, f string) string {
+		data, _ := os.ReadFile(filepath.Join(rt.cg.dir(spec.ID, c), f))
+		return strings.TrimSpace(string(data))
+	}
+	if got := cgFile("memory", "memory.limit_in_bytes"); !rt.cg.v2 && got != strconv.Itoa(128<<20) {
+		t.Errorf("memory limit %q", got)
+	}
+	if err := b.SetLimits(isolate.Limits{Memory: 192 << 20, CPUs: 1, Pids: 200}); err != nil {
+		t.Fatal(err)
+	}
+	if !rt.cg.v2 {
+		if got := cgFile("memory", "memory.limit_in_bytes"); got != strconv.Itoa(192<<20) {
+			t.Errorf("memory limit after SetLimits %q", got)
+		}
+		if got := cgFile("cpu", "cpu.cfs_quota_us"); got != "100000" {
+			t.Errorf("cpu quota after SetLimits %q", got)
+		}
+	}
+	st, err := b.(isolate.Statser).Stats()
+	if err != nil || st.CPU <= 0 || st.Memory <= 0 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+	t.Logf("stats %+v", st)
+	// A command that allocates far beyond the limit: gVisor's kernel
+	// (this runsc) has no OOM killer of its own, so the host's kills the
+	// sandbox, and the whole box ends (counted by OOMKills).
+	sh := func(script string) (isolatetest.Result, error) {
+		return isolatetest.Exec(ctxT(t, time.Minute), b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", script}})
+	}
+	res, err := sh("head -c 400m /dev/zero | tail > /dev/null; echo done")
+	t.Logf("memory hog: exit %+v stdout %q stderr %q (%v), OOM kills %d", res.Exit, res.Stdout, res.Stderr, err, b.OOMKills())
+	select {
+	case <-b.Done():
+		if b.OOMKills() == 0 {
+			t.Fatal("the box died of a command's memory use, and no OOM kill is counted")
+		}
+		t.Logf("the box ended with its memory limit exceeded")
+		return
+	case <-time.After(time.Second):
+	}
+	if out := mustSh(t, b, "echo alive"); out != "alive\n" {
+		t.Fatal(out)
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	rt := newRuntime(t)
+	b := start(t, rt, testSpec(t, "gpause"))
+	p := b.(isolate.Pauser)
+	ctx := ctxT(t, time.Minute)
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err := isolatetest.Exec(short, b.Agent(), &agent.ExecSpec{Argv: []string{"true"}})
+	cancel()
+	if err == nil {
+		t.Fatal("a paused box answered")
+	}
+	if err := p.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, b, "true")
+	if err := p.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatalf("stop of a paused box: %v", err)
+	}
+}
+
+// startCounter starts a background shell loop counting in /tmp/n.
+func startCounter(t testing.TB, b isolate.Box) {
+	t.Helper()
+	var st struct{ ID string }
+	if err := b.Agent().JSON(ctxT(t, time.Minute), "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"}}, &st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func counter(t testing.TB, b isolate.Box) int {
+	t.Helper()
+	n, _ := strconv.Atoi(strings.TrimSpace(mustSh(t, b, "cat /tmp/n 2>/dev/null || echo 0")))
+	return n
+}
+
+func waitCounter(t testing.TB, b isolate.Box, want int) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := counter(t, b)
+		if n >= want {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counter stuck at %d, want %d", n, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestCheckpointRestore(t *testing.T) {
+	rt := newRuntime(t)
+	spec := testSpec(t, "gckpt")
+	ctx := ctxT(t, 3*time.Minute)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Destroy(context.Background(), spec) })
+	startCounter(t, b)
+	// The shell's own variable (memory state, not the file) carries on.
+	mustSh(t, b, "echo before > /root/file")
+	n0 := waitCounter(t, b, 5)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	t0 := time.Now()
+	if err := rt.Checkpoint(ctx, b, dir+"-live", true); err != nil {
+		t.Fatalf("checkpoint, keep running: %v", err)
+	}
+	t.Logf("checkpoint (keep running) took %v", time.Since(t0))
+	n1 := waitCounter(t, b, n0+3)
+	t0 = time.Now()
+	if err := rt.Checkpoint(ctx, b, dir, false); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	t.Logf("checkpoint took %v", time.Since(t0))
+	select {
+	case <-b.Done():
+	default:
+		t.Fatal("the box runs on after a checkpoint that stops it")
+	}
+	if l := leftovers(rt, spec.ID); len(l) > 0 {
+		t.Fatalf("left after a checkpoint: %v", l)
+	}
+	// Clobber the counter file: only the shell's memory knows the count.
+	os.WriteFile(filepath.Join(spec.Dir, "upper/root/tmp/n"), []byte("0\n"), 0o644)
+	t0 = time.Now()
+	r, err := rt.Restore(ctx, spec, dir)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	t.Logf("restore took %v", time.Since(t0))
+	defer r.Stop(context.Background())
+	n2 := waitCounter(t, r, n1+1)
+	if n2 < n1 || n2 > n1+200 {
+		t.Fatalf("counter after restore %d, before %d", n2, n1)
+	}
+	if out := mustSh(t, r, "cat /root/file"); out != "before\n" {
+		t.Fatalf("file after restore %q", out)
+	}
+	// The restored box checkpoints again, and the live checkpoint's image
+	// restores as a second box (a fork) with its own storage.
+	fork := testSpec(t, "gfork")
+	if err := os.CopyFS(fork.Dir, os.DirFS(spec.Dir)); err != nil {
+		t.Fatal(err)
+	}
+	fork.Layers = spec.Layers
+	f, err := rt.Restore(ctx, fork, dir+"-live")
+	if err != nil {
+		t.Fatalf("restore a fork: %v", err)
+	}
+	defer rt.Destroy(context.Background(), fork)
+	defer f.Stop(context.Background())
+	if n := waitCounter(t, f, 1); n < n0 {
+		t.Fatalf("fork counter %d, want at least %d", n, n0)
+	}
+	mustSh(t, f, "echo fork > /root/file")
+	if out := mustSh(t, r, "cat /root/file"); out != "before\n" {
+		t.Fatalf("the fork wrote into the original: %q", out)
+	}
+}
+
+func TestLoadAfterRestart(t *testing.T) {
+	rt := newRuntime(t)
+	spec := testSpec(t, "gload")
+	ctx := ctxT(t, 2*time.Minute)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Destroy(context.Background(), spec) })
+	startCounter(t, b)
+	n := waitCounter(t, b, 3)
+	pid := b.Pid()
+	// A new daemon: a new runtime on the same run directory; the old
+	// box object is dropped without Stop (its link just goes away).
+	b.(*box).link.Close()
+	rt2, err := New(Config{RunDir: testRunDir(t), CgroupParent: testCgroup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt2.Load(ctx, testSpec(t, "gnone"), pid); err == nil {
+		t.Fatal("Load accepted another box's sandbox")
+	}
+	l, err := rt2.Load(ctx, spec, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := waitCounter(t, l, n+2); m < n {
+		t.Fatal(m)
+	}
+	// Loaded while paused: the agent answers after Resume.
+	if err := l.(isolate.Pauser).Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l.(*box).link.Close()
+	rt3, err := New(Config{RunDir: testRunDir(t), CgroupParent: testCgroup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l3, err := rt3.Load(ctx, spec, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l3.(isolate.Pauser).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, l3, "true")
+	if err := l3.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left := leftovers(rt3, spec.ID); len(left) > 0 {
+		t.Fatalf("left after Stop: %v", left)
+	}
+}
+
+func TestSandboxKilled(t *testing.T) {
+	rt := newRuntime(t)
+	spec := testSpec(t, "gkill")
+	ctx := ctxT(t, time.Minute)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Destroy(context.Background(), spec) })
+	syscall.Kill(b.Pid(), syscall.SIGKILL)
+	select {
+	case <-b.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed after the sandbox was killed")
+	}
+	if _, err := isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"true"}}); err == nil {
+		t.Fatal("exec in a dead box succeeded")
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(rt, spec.ID); len(l) > 0 {
+		t.Fatalf("left after Stop: %v", l)
+	}
+	// A box whose daemon died too: Destroy cleans it all up.
+	b2, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2.(*box).link.Close()
+	if err := rt.Destroy(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(rt, spec.ID); len(l) > 0 {
+		t.Fatalf("left after Destroy: %v", l)
+	}
+	if _, err := os.Stat(spec.Dir); !os.IsNotExist(err) {
+		t.Fatalf("storage left: %v", err)
+	}
+}
+
+func TestStartFails(t *testing.T) {
+	rt := newRuntime(t)
+	ctx := ctxT(t, time.Minute)
+	spec := testSpec(t, "gfail")
+	spec.Layers[1].Lowers = []string{"/nonexistent/layer"}
+	if _, err := rt.Start(ctx, spec); err == nil {
+		t.Fatal("started with a missing layer")
+	} else {
+		t.Logf("missing layer: %v", err)
+	}
+	if l := leftovers(rt, spec.ID); len(l) > 0 {
+		t.Fatalf("left after a failed start: %v", l)
+	}
+	// runsc itself fails: a mount target it cannot make.
+	spec = testSpec(t, "gfail2")
+	spec.Mounts = []isolate.Mount{{Source: t.TempDir(), Target: "/proc/self/den"}}
+	if _, err := rt.Start(ctx, spec); err == nil {
+		t.Fatal("started with a mount over /proc/self")
+	} else {
+		t.Logf("runsc failure: %v", err)
+	}
+	if l := leftovers(rt, spec.ID); len(l) > 0 {
+		t.Fatalf("left after a failed start: %v", l)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	rt := newRuntime(t)
+	isolatetest.Run(t, isolatetest.Harness{
+		Runtime: rt,
+		Spec:    func(t *testing.T, id string) *isolate.Spec { return testSpec(t, id) },
+	})
 }
