@@ -22,15 +22,21 @@ const (
 	StatePaused = "paused"
 	// StateHibernated: memory freed, files kept; any use resumes it.
 	StateHibernated = "hibernated"
+	// StateFailed: the sandbox's box ended on its own (its runtime crashed
+	// or was killed, a guest kernel panicked); Error says why. Its files
+	// are kept: start it again, or remove it.
+	StateFailed = "failed"
 )
 
 // Sandbox is the record of one sandbox.
 type Sandbox struct {
-	ID       string            `json:"id"`
-	Name     string            `json:"name,omitempty"`
-	Image    string            `json:"image"`
-	Runtime  string            `json:"runtime"`
-	State    string            `json:"state"`
+	ID      string `json:"id"`
+	Name    string `json:"name,omitempty"`
+	Image   string `json:"image"`
+	Runtime string `json:"runtime"`
+	State   string `json:"state"`
+	// Error is why the sandbox failed (state "failed").
+	Error    string            `json:"error,omitempty"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	Env      []string          `json:"env,omitempty"`
 	Workdir  string            `json:"workdir,omitempty"`
@@ -84,8 +90,11 @@ type Limits struct {
 
 // CreateRequest is the body of POST /v1/sandboxes.
 type CreateRequest struct {
-	Name    string            `json:"name,omitempty"`
-	Image   string            `json:"image,omitempty"` // default "host"
+	Name  string `json:"name,omitempty"`
+	Image string `json:"image,omitempty"` // default "host"
+	// Runtime is the isolation tier: linux, gvisor or microvm (default:
+	// the daemon's, see GET /v1/info).
+	Runtime string            `json:"runtime,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
 	Env     []string          `json:"env,omitempty"`
 	Workdir string            `json:"workdir,omitempty"`
@@ -255,6 +264,37 @@ type VersionInfo struct {
 	Go       string   `json:"go"`
 	Runtimes []string `json:"runtimes"`
 	Cgroup   string   `json:"cgroup,omitempty"`
+}
+
+// Info is the answer of GET /v1/info: what this daemon runs and how.
+type Info struct {
+	Version string `json:"version"`
+	// Runtimes are the isolation tiers den knows, available or not.
+	Runtimes []RuntimeInfo `json:"runtimes"`
+	Cgroup   string        `json:"cgroup,omitempty"`
+	// Storage is how sandbox files are kept: "btrfs" (snapshots, quotas)
+	// or "dir".
+	Storage string `json:"storage,omitempty"`
+	// Network says whether sandboxes can have networked modes.
+	Network bool `json:"network"`
+}
+
+// RuntimeInfo describes one isolation tier on this host.
+type RuntimeInfo struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	Default   bool   `json:"default,omitempty"`
+	// Reason says why an unavailable tier cannot run here, and what to do.
+	Reason string `json:"reason,omitempty"`
+	// Details say how the tier runs here: versions, gVisor's platform, the
+	// microVM's accelerator (kvm or tcg) and guest kernel.
+	Details map[string]string `json:"details,omitempty"`
+}
+
+// EscalateRequest is the body of POST /v1/sandboxes/{id}/escalate.
+type EscalateRequest struct {
+	// Runtime is the stronger tier to move to: gvisor or microvm.
+	Runtime string `json:"runtime"`
 }
 
 // Process states.

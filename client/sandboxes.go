@@ -22,6 +22,31 @@ func (c *Client) Version(ctx context.Context) (*api.VersionInfo, error) {
 	return &v, nil
 }
 
+// Info reports what the daemon runs: every isolation tier, whether this
+// host can run it (and if not, why), how it runs; storage and network.
+func (c *Client) Info(ctx context.Context) (*api.Info, error) {
+	var v api.Info
+	if err := c.call(ctx, http.MethodGet, "/v1/info", nil, nil, &v); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+// Escalate moves a sandbox to a stronger isolation tier ("gvisor" or
+// "microvm"), keeping its id, files, network policy and ports; its
+// processes end and it starts again there if it was up.
+func (c *Client) Escalate(ctx context.Context, id, runtime string) (*api.Sandbox, error) {
+	p, err := sandboxPath(id, "/escalate")
+	if err != nil {
+		return nil, err
+	}
+	var sb api.Sandbox
+	if err := c.call(ctx, http.MethodPost, p, nil, api.EscalateRequest{Runtime: runtime}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
 // Create creates a sandbox and returns it running.
 func (c *Client) Create(ctx context.Context, req api.CreateRequest) (*api.Sandbox, error) {
 	var sb api.Sandbox

@@ -28,6 +28,7 @@ var verbCreate = &verb{
 // sandboxOpts are the flags that describe a new sandbox (den create, den run).
 type sandboxOpts struct {
 	name, image, workdir, user string
+	runtime                    string
 	env, labels                []string
 	cpus                       float64
 	memory                     api.Size
@@ -42,6 +43,7 @@ type sandboxOpts struct {
 func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(stringValue{&o.name}, "name", "", "NAME", "name the sandbox")
 	f.Var(stringValue{&o.image}, "image", "", "IMAGE", `image to run (default "host")`)
+	f.Var(stringValue{&o.runtime}, "runtime", "", "TIER", "isolation tier: linux (namespaces), gvisor (a second kernel) or microvm (a virtual machine); default the daemon's (den info)")
 	f.Var(listValue{&o.env, checkEnv}, "env", "e", "K=V", "set an environment variable (repeatable; -e K passes den's own $K)")
 	f.Var(stringValue{&o.workdir}, "workdir", "w", "DIR", "working directory of commands")
 	f.Var(stringValue{&o.user}, "user", "u", "USER", "user (name or uid[:gid]) commands run as")
@@ -79,6 +81,7 @@ func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, err
 	return api.CreateRequest{
 		Name:        o.name,
 		Image:       o.image,
+		Runtime:     o.runtime,
 		Labels:      labelMap(o.labels),
 		Env:         o.env,
 		Workdir:     o.workdir,

@@ -46,7 +46,7 @@ var verbs []*verb
 
 func init() {
 	verbs = []*verb{
-		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbPause, verbResume, verbHibernate, verbRm, verbCp,
+		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbPause, verbResume, verbHibernate, verbEscalate, verbRm, verbCp,
 		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
 		verbCommit,
 		verbSnapshot, verbSnapshotCreate, verbSnapshotLs, verbSnapshotInspect, verbSnapshotRm, verbSnapshotSave, verbSnapshotLoad, verbRestore, verbFork,
@@ -55,7 +55,7 @@ func init() {
 		verbSecret, verbSecretSet, verbSecretLs, verbSecretRm,
 		verbPort, verbPortLs, verbPortRm, verbForward,
 		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
-		verbEvents, verbVersion, verbBench, verbServe, verbHelp,
+		verbEvents, verbInfo, verbVersion, verbBench, verbServe, verbHelp,
 	}
 }
 

@@ -99,6 +99,12 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /procs/{id}/wait", a.handleWait)
 	mux.HandleFunc("GET /procs/{id}/tty", a.handleTTY)
 	mux.HandleFunc("GET /dial", a.handleDial)
+	mux.HandleFunc("POST /sync", func(w http.ResponseWriter, r *http.Request) {
+		// Writes cached by the sandbox's own kernel (gVisor's sentry, a
+		// microVM's guest) reach the files the daemon snapshots.
+		syscall.Sync()
+		writeJSON(w, 200, struct{}{})
+	})
 	return mux
 }
 

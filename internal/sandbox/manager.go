@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,11 +32,16 @@ import (
 
 // Config wires a Manager.
 type Config struct {
-	DataDir  string
-	Runtime  isolate.Runtime
-	Store    *store.DB
-	Images   *image.Store
-	Defaults api.Limits // applied where a create request leaves a limit zero
+	DataDir string
+	// Runtime is the default isolation tier; Tiers are all the tiers this
+	// daemon runs, by name (the default among them; nil: the default only).
+	Runtime isolate.Runtime
+	Tiers   map[string]isolate.Runtime
+	// Unavailable says, for each known tier this host cannot run, why.
+	Unavailable map[string]string
+	Store       *store.DB
+	Images      *image.Store
+	Defaults    api.Limits // applied where a create request leaves a limit zero
 	// PreviewDomain, if set, makes previews reachable as PORT-ID.DOMAIN.
 	PreviewDomain string
 	// Egress, if set, lets sandboxes have networked modes (allow, open).
@@ -97,9 +103,12 @@ type pooled struct {
 // record is a sandbox as stored: the API record plus what only the daemon needs.
 type record struct {
 	api.Sandbox
-	UIDBase  int       `json:"uid_base"`
-	Services []service `json:"services,omitempty"`
-	Ports    []share   `json:"ports,omitempty"` // ports shared through the preview proxy
+	UIDBase int `json:"uid_base"`
+	// Checkpoint is set while a hibernated sandbox's memory is kept in
+	// its checkpoint directory (tiers with memory checkpoints).
+	Checkpoint bool      `json:"checkpoint,omitempty"`
+	Services   []service `json:"services,omitempty"`
+	Ports      []share   `json:"ports,omitempty"` // ports shared through the preview proxy
 }
 
 // New loads the sandboxes in the store, reattaching to those still running.
@@ -164,8 +173,64 @@ func (m *Manager) close() {
 	}
 }
 
-// RuntimeName is the name of the isolation tier.
+// RuntimeName is the name of the default isolation tier.
 func (m *Manager) RuntimeName() string { return m.rt.Name() }
+
+// Runtimes names the tiers this daemon runs, the default first.
+func (m *Manager) Runtimes() []string {
+	names := []string{m.rt.Name()}
+	for _, n := range tierOrder {
+		if _, ok := m.cfg.Tiers[n]; ok && n != m.rt.Name() {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// tierOrder lists the tiers from the weakest boundary to the strongest.
+var tierOrder = []string{"linux", "gvisor", "microvm"}
+
+// tierByName returns the runtime called name, or an error that says why
+// there is none.
+func (m *Manager) tierByName(name string) (isolate.Runtime, error) {
+	if name == "" || name == m.rt.Name() {
+		return m.rt, nil
+	}
+	if rt, ok := m.cfg.Tiers[name]; ok {
+		return rt, nil
+	}
+	if why, ok := m.cfg.Unavailable[name]; ok {
+		return nil, api.Errorf(api.KindUnsupported, "the %s runtime is not available on this host: %s (see den info)", name, why)
+	}
+	if slices.Contains(tierOrder, name) {
+		return nil, api.Errorf(api.KindUnsupported, "this daemon does not run the %s runtime (see den info)", name)
+	}
+	return nil, api.FieldError("runtime", "%q is not a runtime: use %s", name, strings.Join(tierOrder, ", "))
+}
+
+// tier is the runtime of a sandbox.
+func (m *Manager) tier(rec *record) (isolate.Runtime, error) { return m.tierByName(rec.Runtime) }
+
+// destroyAll asks every tier to remove what it keeps of a box whose tier
+// is unknown (storage whose record is gone).
+func (m *Manager) destroyAll(ctx context.Context, spec *isolate.Spec) {
+	m.rt.Destroy(ctx, spec)
+	for name, rt := range m.cfg.Tiers {
+		if name != m.rt.Name() {
+			rt.Destroy(ctx, spec)
+		}
+	}
+}
+
+// destroy removes what rec's tier keeps of its box.
+func (m *Manager) destroy(ctx context.Context, rec *record, spec *isolate.Spec) error {
+	rt, err := m.tier(rec)
+	if err != nil {
+		m.destroyAll(ctx, spec)
+		return nil
+	}
+	return rt.Destroy(ctx, spec)
+}
 
 func (m *Manager) lock(id string) func() {
 	m.mu.Lock()
@@ -218,7 +283,8 @@ func (m *Manager) recover(ctx context.Context) error {
 		if rec.State != api.StateRunning && rec.State != api.StateCreating && rec.State != api.StatePaused {
 			continue
 		}
-		if l, ok := m.rt.(loader); ok && rec.Pid > 0 {
+		rt, _ := m.tier(rec)
+		if l, ok := rt.(loader); ok && rec.Pid > 0 {
 			spec, err := m.spec(ctx, rec)
 			if err == nil {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
@@ -240,7 +306,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	ents, _ := os.ReadDir(m.sandboxesDir())
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.rt.Destroy(ctx, &isolate.Spec{ID: e.Name()})
+			m.destroyAll(ctx, &isolate.Spec{ID: e.Name()})
 			m.deleteTree(filepath.Join(m.sandboxesDir(), e.Name()))
 		}
 	}
@@ -462,7 +528,11 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 			return nil, api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking: network mode %q is not available", req.Network.Mode)
 		}
 	}
-	if img.Name == HostImage && snap == nil && req.Limits.Disk == 0 && len(req.Volumes) == 0 && len(req.Mounts) == 0 && (req.Network == nil || !networked(*req.Network)) {
+	rt, err := m.tierByName(req.Runtime)
+	if err != nil {
+		return nil, err
+	}
+	if img.Name == HostImage && rt == m.rt && snap == nil && req.Limits.Disk == 0 && len(req.Volumes) == 0 && len(req.Mounts) == 0 && (req.Network == nil || !networked(*req.Network)) {
 		if sb, err, ok := m.claim(ctx, &req); ok {
 			return sb, err
 		}
@@ -472,7 +542,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{Sandbox: api.Sandbox{ID: id, Image: img.Name, Runtime: m.rt.Name(), State: api.StateCreating}, UIDBase: uidStart + slot*65536}
+	rec := &record{Sandbox: api.Sandbox{ID: id, Image: img.Name, Runtime: rt.Name(), State: api.StateCreating}, UIDBase: uidStart + slot*65536}
 	m.applyRequest(rec, &req)
 	unlock := m.lock(id)
 	defer unlock()
@@ -499,7 +569,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		return m.boot(ctx, rec)
 	}()
 	if err != nil {
-		m.rt.Destroy(context.Background(), &isolate.Spec{ID: id, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slot})
+		rt.Destroy(context.Background(), &isolate.Spec{ID: id, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slot})
 		m.deleteTree(dir)
 		m.db.DeleteSandbox(context.Background(), id)
 		m.freeSlot(rec.UIDBase)
@@ -538,10 +608,21 @@ func (m *Manager) boot(ctx context.Context, rec *record) error {
 	if err != nil {
 		return err
 	}
-	b, err := m.rt.Start(ctx, spec)
+	rt, err := m.tier(rec)
+	if err != nil {
+		return err
+	}
+	b, err := rt.Start(ctx, spec)
 	if err != nil {
 		return fmt.Errorf("start sandbox: %w", err)
 	}
+	return m.booted(ctx, rec, spec, b, false)
+}
+
+// booted records a box that just started (or was restored) as rec's.
+// A restored box's services run already: they are not started again.
+func (m *Manager) booted(ctx context.Context, rec *record, spec *isolate.Spec, b isolate.Box, restored bool) error {
+	rec.Error = ""
 	rec.State, rec.Pid, rec.StartedAt = api.StateRunning, b.Pid(), time.Now().UTC()
 	m.setNetPolicy(rec.ID, rec.Network)
 	rec.Address = ""
@@ -563,14 +644,22 @@ func (m *Manager) boot(ctx context.Context, rec *record) error {
 	m.mu.Unlock()
 	m.startMeter(rec)
 	m.watch(rec.ID, b)
-	m.startServices(ctx, rec, b.Agent())
+	if !restored {
+		m.startServices(ctx, rec, b.Agent())
+	}
 	return nil
 }
 
-// watch marks the sandbox stopped if its box dies on its own.
+// watch marks the sandbox failed, with the reason, if its box dies on its
+// own.
 func (m *Manager) watch(id string, b isolate.Box) {
 	go func() {
 		<-b.Done()
+		select {
+		case <-m.stop:
+			return // the daemon is going away: the next one looks at it
+		default:
+		}
 		m.mu.Lock()
 		cur := m.boxes[id]
 		m.mu.Unlock()
@@ -587,11 +676,16 @@ func (m *Manager) watch(id string, b isolate.Box) {
 		delete(m.boxes, id)
 		m.mu.Unlock()
 		b.Stop(context.Background())
+		reason := "its init process ended"
+		if r, ok := b.(interface{ ExitReason() string }); ok && r.ExitReason() != "" {
+			reason = r.ExitReason()
+		}
 		if rec, err := m.get(context.Background(), id); err == nil {
-			rec.State, rec.Pid = api.StateStopped, 0
+			rec.State, rec.Pid, rec.Error = api.StateFailed, 0, reason
 			m.put(context.Background(), rec)
 		}
-		m.event(id, "sandbox.died", nil)
+		m.log.Warn("sandbox failed", "id", id, "reason", reason)
+		m.event(id, "sandbox.died", map[string]any{"reason": reason})
 	}()
 }
 
@@ -655,6 +749,11 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 		return nil
 	}
 	wasUp := rec.State == api.StateRunning || rec.State == api.StatePaused
+	if rec.Checkpoint && state != api.StateHibernated {
+		// A hibernated sandbox stopped for good: its memory is dropped.
+		rec.Checkpoint = false
+		os.RemoveAll(m.checkpointDir(rec.ID))
+	}
 	rec.State, rec.Pid = state, 0
 	if err := m.put(ctx, rec); err != nil {
 		return err
@@ -961,9 +1060,10 @@ func (m *Manager) teardown(rec *record, b isolate.Box) {
 	}
 	dir := filepath.Join(m.sandboxesDir(), rec.ID)
 	spec.Dir = "" // the storage backend removes it (a subvolume, maybe)
-	if err := m.rt.Destroy(ctx, spec); err != nil {
+	if err := m.destroy(ctx, rec, spec); err != nil {
 		m.log.Warn("remove sandbox", "id", rec.ID, "err", err)
 	}
+	os.RemoveAll(m.checkpointDir(rec.ID))
 	if err := m.deleteTree(dir); err != nil {
 		m.log.Warn("remove sandbox storage", "id", rec.ID, "err", err)
 	}

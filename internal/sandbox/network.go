@@ -194,7 +194,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy
 	if b := m.box(rec.ID); b != nil && was != networked(p) {
 		nw, ok := b.(isolate.Networker)
 		if !ok {
-			return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot change a running sandbox's network", m.rt.Name())
+			return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot change a running sandbox's network: stop it, change the policy, start it", rec.Runtime)
 		}
 		if networked(p) {
 			addr, err := nw.AttachNet()

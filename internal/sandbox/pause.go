@@ -3,9 +3,12 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/isolate"
 )
 
 // pauser is the optional ability of a box to freeze every process it has
@@ -32,7 +35,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
 	}
 	p, ok := m.box(rec.ID).(pauser)
 	if !ok {
-		return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot pause sandboxes", m.rt.Name())
+		return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot pause sandboxes", rec.Runtime)
 	}
 	start := time.Now()
 	if err := p.Pause(ctx); err != nil {
@@ -47,9 +50,12 @@ func (m *Manager) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
 	return &rec.Sandbox, nil
 }
 
-// Hibernate frees a sandbox's memory and keeps its files. On this tier
-// (no memory checkpoints) its processes end; resume starts it again with
-// its files and services, and says so (Resumed "restarted").
+// Hibernate frees a sandbox's memory and keeps its files. On tiers with
+// memory checkpoints (gvisor, microvm) its processes and memory are saved
+// to disk and resume restores them where they were (Resumed "restored");
+// on the linux tier, or when the checkpoint fails, its processes end and
+// resume starts it again with its files and services (Resumed
+// "restarted").
 func (m *Manager) Hibernate(ctx context.Context, id string) (*api.Sandbox, error) {
 	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
@@ -63,11 +69,90 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (*api.Sandbox, error
 	default:
 		return nil, api.Errorf(api.KindConflict, "sandbox %s is %s: only a running or paused sandbox can hibernate", rec.ID[:12], rec.State)
 	}
+	start := time.Now()
+	saved, why := m.checkpoint(ctx, rec)
 	if err := m.haltLocked(ctx, rec, api.StateHibernated); err != nil {
 		return nil, err
 	}
-	m.event(rec.ID, "sandbox.hibernate", nil)
+	if rec.Checkpoint != saved {
+		rec.Checkpoint = saved
+		if err := m.put(ctx, rec); err != nil {
+			return nil, err
+		}
+	}
+	m.event(rec.ID, "sandbox.hibernate", map[string]any{"memory": saved, "note": why, "ms": msSince(start)})
 	return &rec.Sandbox, nil
+}
+
+// checkpointDir keeps a hibernated sandbox's memory.
+func (m *Manager) checkpointDir(id string) string {
+	return filepath.Join(m.cfg.DataDir, "checkpoints", id)
+}
+
+// checkpoint saves a running sandbox's processes and memory where its tier
+// can, stopping its box. It reports whether it did and, if not, why.
+func (m *Manager) checkpoint(ctx context.Context, rec *record) (bool, string) {
+	rt, err := m.tier(rec)
+	if err != nil {
+		return false, err.Error()
+	}
+	cp, ok := rt.(isolate.Checkpointer)
+	b := m.box(rec.ID)
+	if !ok || b == nil {
+		return false, fmt.Sprintf("the %s runtime keeps no memory: processes end, resume restarts them", rec.Runtime)
+	}
+	if rec.State == api.StatePaused {
+		if p, ok := b.(pauser); ok {
+			p.Resume(ctx)
+		}
+	}
+	dir := m.checkpointDir(rec.ID)
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return false, err.Error()
+	}
+	if err := cp.Checkpoint(ctx, b, dir, false); err != nil {
+		os.RemoveAll(dir)
+		m.log.Warn("checkpoint failed: hibernating without memory", "id", rec.ID, "err", err)
+		return false, fmt.Sprintf("checkpoint failed (%v): processes end, resume restarts them", err)
+	}
+	return true, ""
+}
+
+// restore boots a hibernated sandbox from its checkpoint; false when there
+// is none or it cannot be restored (the caller then boots it afresh).
+func (m *Manager) restore(ctx context.Context, rec *record) bool {
+	if !rec.Checkpoint {
+		return false
+	}
+	rec.Checkpoint = false
+	dir := m.checkpointDir(rec.ID)
+	defer os.RemoveAll(dir)
+	rt, err := m.tier(rec)
+	if err != nil {
+		return false
+	}
+	cp, ok := rt.(isolate.Checkpointer)
+	if !ok {
+		return false
+	}
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		return false
+	}
+	b, err := cp.Restore(ctx, spec, dir)
+	if err != nil {
+		m.log.Warn("restore from checkpoint failed: starting afresh", "id", rec.ID, "err", err)
+		m.event(rec.ID, "sandbox.restore_failed", map[string]any{"error": err.Error()})
+		return false
+	}
+	rec.Resumed = api.ResumedRestored
+	if err := m.booted(ctx, rec, spec, b, true); err != nil {
+		m.log.Warn("restored sandbox could not be recorded: starting afresh", "id", rec.ID, "err", err)
+		rt.Destroy(ctx, &isolate.Spec{ID: rec.ID, Net: spec.Net, NetSlot: spec.NetSlot})
+		return false
+	}
+	return true
 }
 
 // Resume brings a paused or hibernated sandbox back. Resuming a running
@@ -100,6 +185,9 @@ func (m *Manager) resumeLocked(ctx context.Context, rec *record) error {
 			return err
 		}
 	case api.StateHibernated:
+		if m.restore(ctx, rec) {
+			break
+		}
 		rec.Resumed = api.ResumedRestarted
 		if err := m.boot(ctx, rec); err != nil {
 			return err

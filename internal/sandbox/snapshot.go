@@ -174,7 +174,8 @@ func (m *Manager) canonical(rec *record, spec *isolate.Spec) error {
 	if rec.State == api.StateRunning || rec.State == api.StatePaused {
 		return nil
 	}
-	c, ok := m.rt.(canonicalizer)
+	rt, _ := m.tier(rec)
+	c, ok := rt.(canonicalizer)
 	if !ok {
 		return nil
 	}
@@ -199,7 +200,14 @@ func (m *Manager) frozen(ctx context.Context, rec *record, fn func() error) (boo
 	}
 	p, ok := m.box(rec.ID).(pauser)
 	if !ok {
-		return false, api.Errorf(api.KindUnsupported, "the %s runtime cannot freeze a sandbox for a consistent copy: stop it first", m.rt.Name())
+		return false, api.Errorf(api.KindUnsupported, "the %s runtime cannot freeze a sandbox for a consistent copy: stop it first", rec.Runtime)
+	}
+	// gVisor and a microVM's kernel keep written data in their own page
+	// cache: have it written out to the files den copies first.
+	if rec.Runtime != "linux" {
+		if err := m.box(rec.ID).Agent().JSON(ctx, "POST", "/sync", nil, nil, nil); err != nil {
+			return false, fmt.Errorf("sync the sandbox's files before the capture: %w", err)
+		}
 	}
 	if err := p.Pause(ctx); err != nil {
 		return false, fmt.Errorf("freeze for the capture: %w", err)

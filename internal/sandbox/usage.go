@@ -131,7 +131,7 @@ func (m *Manager) Stats(ctx context.Context, id string) (*api.Stats, error) {
 	b := m.box(sb.ID)
 	st, ok := b.(isolate.Statser)
 	if b == nil || !ok {
-		return nil, api.Errorf(api.KindUnsupported, "the %s runtime does not report usage", m.rt.Name())
+		return nil, api.Errorf(api.KindUnsupported, "the %s runtime does not report usage", sb.Runtime)
 	}
 	s, err := st.Stats()
 	if err != nil {

@@ -40,8 +40,12 @@ type Server struct {
 	log     *slog.Logger
 	version string
 	cgroup  string
+	info    api.Info
 	mux     *http.ServeMux
 }
+
+// SetInfo sets what GET /v1/info answers (its version is the server's).
+func (s *Server) SetInfo(i api.Info) { s.info = i }
 
 // New builds the API handler.
 func New(m *sandbox.Manager, db *store.DB, log *slog.Logger, version, cgroup string) *Server {
@@ -72,6 +76,20 @@ func WithToken(h http.Handler, token string) http.Handler {
 func (s *Server) routes() {
 	h := s.mux.HandleFunc
 	h("GET /v1/version", s.version_)
+	h("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
+		i := s.info
+		i.Version = s.version
+		if i.Runtimes == nil {
+			i.Runtimes = []api.RuntimeInfo{}
+			for n, name := range s.m.Runtimes() {
+				i.Runtimes = append(i.Runtimes, api.RuntimeInfo{Name: name, Available: true, Default: n == 0})
+			}
+		}
+		if i.Cgroup == "" {
+			i.Cgroup = s.cgroup
+		}
+		writeJSON(w, 200, i)
+	})
 	h("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(api.OpenAPI)
@@ -84,6 +102,7 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/pause", byID(s.m.Pause))
 	h("POST /v1/sandboxes/{id}/resume", byID(s.m.Resume))
 	h("POST /v1/sandboxes/{id}/hibernate", byID(s.m.Hibernate))
+	h("POST /v1/sandboxes/{id}/escalate", withBody(200, s.m.Escalate))
 	h("DELETE /v1/sandboxes/{id}", s.remove)
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
 	h("GET /v1/sandboxes/{id}/files", s.proxy("GET", "/files", true))
@@ -179,7 +198,7 @@ func decodeLimit(r *http.Request, v any, limit int64) error {
 func isSpace(b byte) bool { return b == ' ' || b == '\n' || b == '\r' || b == '\t' }
 
 func (s *Server) version_(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, 200, api.VersionInfo{Version: s.version, Go: runtime.Version(), Runtimes: []string{s.m.RuntimeName()}, Cgroup: s.cgroup})
+	writeJSON(w, 200, api.VersionInfo{Version: s.version, Go: runtime.Version(), Runtimes: s.m.Runtimes(), Cgroup: s.cgroup})
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
