@@ -81,6 +81,14 @@ func GuestMain() {
 	initMain()
 }
 
+var guestDebug bool
+
+func debugf(format string, args ...any) {
+	if guestDebug {
+		fmt.Fprintf(os.Stderr, "den-init: "+format+"\n", args...)
+	}
+}
+
 func guestFail(err error) {
 	fmt.Fprintf(os.Stderr, "den-init: %v\n", err)
 	unix.Sync()
@@ -107,6 +115,9 @@ func initMain() {
 		if f == "den.probe" {
 			probe = true
 		}
+		if f == "den.debug" {
+			guestDebug = true
+		}
 	}
 	if probe {
 		// A boot-time measurement: the init is up; end the VM.
@@ -124,12 +135,15 @@ func initMain() {
 	if err := loadModules(); err != nil {
 		guestFail(err)
 	}
+	debugf("modules loaded")
 	if err := mountRoot(&cfg); err != nil {
 		guestFail(err)
 	}
+	debugf("root mounted")
 	if err := setupNet(cfg.Net); err != nil {
 		guestFail(err)
 	}
+	debugf("network up")
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		guestFail(fmt.Errorf("sethostname: %w", err))
 	}
@@ -147,6 +161,7 @@ func initMain() {
 		guestFail(fmt.Errorf("start agent: %w", err))
 	}
 	port.Close()
+	debugf("agent started (pid %d)", cmd.Process.Pid)
 	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("-1000"), 0)
 	err = cmd.Wait()
 	guestFail(fmt.Errorf("the agent ended: %v", err))

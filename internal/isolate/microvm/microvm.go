@@ -382,6 +382,11 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 		if vm.Cmdline, err = cmdline(gc); err != nil {
 			return nil, err
 		}
+		if vm.Accel == "tcg" {
+			if khz := hostTSCkHz(); khz > 0 {
+				vm.Cmdline += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", khz)
+			}
+		}
 		if r.cfg.extraAppend != "" {
 			vm.Cmdline += " " + r.cfg.extraAppend
 		}

@@ -48,6 +48,9 @@ func newRuntime(t testing.TB, mod func(*Config)) *Runtime {
 		t.Skip("the microvm tier needs root")
 	}
 	cfg := testConfig()
+	if os.Getenv("DEN_MICROVM_DEBUG") != "" {
+		cfg.extraAppend = "loglevel=7 den.debug"
+	}
 	if mod != nil {
 		mod(&cfg)
 	}
