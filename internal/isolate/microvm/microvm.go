@@ -146,7 +146,7 @@ type box struct {
 	// needAttach: loaded while paused, the link attaches on Resume.
 	needAttach bool
 	booted     time.Duration // from QEMU's start to the agent's answer
-	stopErr error
+	stopErr    error
 }
 
 func (b *box) Agent() *agent.Client  { return b.link.Client() }

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -113,8 +114,10 @@ func redirect(h *netlink.Handle, from, to netlink.Link) error {
 	if err := h.QdiscAdd(q); err != nil {
 		return fmt.Errorf("ingress qdisc on %s: %w", from.Attrs().Name, err)
 	}
-	f := &netlink.MatchAll{
+	// u32 matching every frame (matchall is not in every kernel).
+	f := &netlink.U32{
 		FilterAttrs: netlink.FilterAttrs{LinkIndex: from.Attrs().Index, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: unix.ETH_P_ALL},
+		Sel:         &netlink.TcU32Sel{Flags: nl.TC_U32_TERMINAL, Nkeys: 1, Keys: []netlink.TcU32Key{{Mask: 0, Val: 0, Off: 0}}},
 		Actions:     []netlink.Action{netlink.NewMirredAction(to.Attrs().Index)},
 	}
 	if err := h.FilterAdd(f); err != nil {
