@@ -426,10 +426,12 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 		}
 	}()
 	fail := func(step string, err error) error {
+		// A connection that broke is often QEMU exiting: give it a moment
+		// to be reaped, and say why it ended.
 		select {
 		case <-b.done:
 			return fmt.Errorf("%s: the VM ended: %s", step, b.failure())
-		default:
+		case <-time.After(time.Second):
 		}
 		if ctx.Err() == nil && bctx.Err() != nil {
 			return fmt.Errorf("%s: no answer within %v: %s", step, r.cfg.BootTimeout, b.failure())
@@ -458,6 +460,15 @@ func (b *box) failure() string {
 	con, _ := os.ReadFile(filepath.Join(b.run, "console.log"))
 	ql, _ := os.ReadFile(filepath.Join(b.run, "qemu.log"))
 	msg := tail(con, 1500)
+	// The line that says why comes first: a kernel panic's, or den's
+	// init's own.
+	lines := strings.Split(string(con), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], "Kernel panic") || strings.Contains(lines[i], "den-init:") || strings.Contains(lines[i], "den-agent:") {
+			msg = strings.TrimSpace(lines[i]) + "\n...\n" + msg
+			break
+		}
+	}
 	if q := tail(ql, 500); q != "" {
 		msg += "\nqemu: " + q
 	}

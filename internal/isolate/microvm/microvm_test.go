@@ -278,7 +278,10 @@ func TestGuestFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "echo c > /proc/sysrq-trigger"}})
+	go func() {
+		res, err := isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "echo c > /proc/sysrq-trigger"}})
+		t.Logf("sysrq: %+v %v", res, err)
+	}()
 	select {
 	case <-b.Done():
 	case <-time.After(30 * time.Second):
