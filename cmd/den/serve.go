@@ -66,6 +66,8 @@ func cmdServe(args []string) error {
 	storageSize := fs.String("storage-size", "", "size of a new DATA/storage.img, like 200g (default: 90% of the free space where DATA is; the file is sparse)")
 	var allowMounts listenFlag
 	fs.Var(&allowMounts, "allow-mount", "host directory sandboxes may bind-mount with --mount (repeatable; none by default)")
+	defRuntime := fs.String("runtime", "linux", "default isolation tier of new sandboxes: linux, gvisor or microvm (den create --runtime picks per sandbox)")
+	runtimes := fs.String("runtimes", "linux,gvisor,microvm", "tiers to offer where this host can run them (den info says which and why not)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -139,9 +141,14 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("linux runtime: %w", err)
 	}
+	tiers := setupTiers(log, rt, *runDir, *data, nw, strings.Split(*runtimes, ","))
+	defRT, err := tiers.defaultTier(*defRuntime)
+	if err != nil {
+		return err
+	}
 	ctx := context.Background()
 	cfg := sandbox.Config{
-		DataDir: *data, Runtime: rt, Store: db, Images: images, Log: log,
+		DataDir: *data, Runtime: defRT, Tiers: tiers.runtimes, Unavailable: tiers.unavailable, Store: db, Images: images, Log: log,
 		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs}, WarmPool: *warm,
 		PreviewDomain: *previewDomain, Storage: st, AllowMounts: allowMounts,
 	}
@@ -162,6 +169,7 @@ func cmdServe(args []string) error {
 		defer eg.Close()
 	}
 	h := server.New(m, db, log, version, rt.CgroupVersion())
+	h.SetInfo(api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil})
 
 	var servers []*http.Server
 	errc := make(chan error, len(listens))
