@@ -81,4 +81,3 @@ func (ts tierSet) defaultTier(name string) (isolate.Runtime, error) {
 	}
 	return rt, nil
 }
-
