@@ -23,7 +23,10 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/isolate/gvisor"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/isolate/microvm"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/storage"
@@ -33,6 +36,12 @@ import (
 func TestMain(m *testing.M) {
 	if linux.IsInit(os.Args[1:]) {
 		linux.Init()
+	}
+	if gvisor.IsAgent(os.Args[1:]) {
+		gvisor.AgentMain()
+	}
+	if microvm.IsGuest() {
+		microvm.GuestMain()
 	}
 	if len(os.Args) > 1 && os.Args[1] == "__userns-hold" {
 		linux.HoldUserns()
@@ -54,6 +63,10 @@ type env struct {
 	// backend and host directories sandboxes may mount.
 	st    *storage.Store
 	allow []string
+	// tiers and unavailable, when set before start, add isolation tiers
+	// (and the reasons of missing ones) beside the linux default.
+	tiers       map[string]isolate.Runtime
+	unavailable map[string]string
 }
 
 var envSeq struct {
@@ -114,7 +127,7 @@ func (e *env) start(t *testing.T, imgs *image.Store) {
 	m, err := sandbox.New(context.Background(), sandbox.Config{
 		DataDir: e.data, Runtime: e.rt, Store: e.db, Images: imgs, Log: log,
 		Defaults: api.Limits{Memory: 512 << 20, Pids: 512}, WarmPool: e.pool,
-		Storage: e.st, AllowMounts: e.allow,
+		Storage: e.st, AllowMounts: e.allow, Tiers: e.tiers, Unavailable: e.unavailable,
 	})
 	if err != nil {
 		t.Fatal(err)
