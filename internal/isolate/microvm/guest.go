@@ -39,6 +39,10 @@ const (
 	guestRW    = "/den/rw"
 	guestLower = "/den/lower"
 	agentPort  = "den.agent"
+	// ctlPort carries the daemon's requests to the guest init itself,
+	// one line each: "sync" flushes the guest's filesystems (killing
+	// QEMU loses its page cache), answered "ok".
+	ctlPort = "den.ctl"
 )
 
 // guestConfig is what the host tells the guest init, on the kernel
@@ -64,7 +68,8 @@ type guestNet struct {
 }
 
 // IsGuest reports whether this process is den's guest init in a microVM
-// (PID 1 run as /init from the initramfs) or the agent it starts.
+// (PID 1 run as /init from the initramfs) or the agent it starts (argv
+// "den-agent __den-microvm-agent").
 func IsGuest() bool {
 	if len(os.Args) > 1 && os.Args[0] == agentName && os.Args[1] == agentArg {
 		return true
@@ -163,8 +168,36 @@ func initMain() {
 	port.Close()
 	debugf("agent started (pid %d)", cmd.Process.Pid)
 	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("-1000"), 0)
+	go serveCtl()
 	err = cmd.Wait()
 	guestFail(fmt.Errorf("the agent ended: %v", err))
+}
+
+// serveCtl answers the daemon's requests on the control port.
+func serveCtl() {
+	f, err := openPort(ctlPort)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "den-init: %v\n", err)
+		return
+	}
+	buf := make([]byte, 256)
+	for {
+		n, err := f.Read(buf)
+		if n == 0 || err != nil {
+			// No daemon connected: wait for one.
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		for _, line := range strings.Fields(string(buf[:n])) {
+			switch line {
+			case "sync":
+				unix.Sync()
+				f.Write([]byte("ok\n"))
+			default:
+				f.Write([]byte("unknown\n"))
+			}
+		}
+	}
 }
 
 // loadModules loads /modules/order, in order.

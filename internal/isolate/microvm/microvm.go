@@ -85,7 +85,14 @@ var (
 	_ isolate.Box          = (*box)(nil)
 	_ isolate.Pauser       = (*box)(nil)
 	_ isolate.Statser      = (*box)(nil)
+	_ isolate.Dialer       = (*box)(nil)
 )
+
+// DialInside connects to 127.0.0.1:port inside the guest, through the
+// agent.
+func (b *box) DialInside(ctx context.Context, port int) (net.Conn, error) {
+	return b.link.Client().DialPort(ctx, port)
+}
 
 // New detects QEMU, the kernel and the accelerator (see Detect) and
 // prepares the runtime.
@@ -303,6 +310,8 @@ func qemuArgs(vm vmConfig, run, dir string, incoming bool) []string {
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=agent,server=on,wait=off,path="+filepath.Join(run, "agent.sock"),
 		"-device", "virtserialport,chardev=agent,name="+agentPort,
+		"-chardev", "socket,id=ctl,server=on,wait=off,path="+filepath.Join(run, "ctl.sock"),
+		"-device", "virtserialport,chardev=ctl,name="+ctlPort,
 	)
 	if vm.Net {
 		a = append(a, "-netdev", "tap,id=n0,fd=3", "-device", "virtio-net-device,netdev=n0,mac="+vm.MAC)
@@ -496,6 +505,12 @@ func (b *box) Stop(ctx context.Context) error {
 	if b.stopped {
 		return b.stopErr
 	}
+	// A paused guest runs an instant to flush: files written before the
+	// pause are kept.
+	if b.paused {
+		b.qmp.run(ctx, "cont", nil)
+	}
+	b.flush(ctx)
 	b.kill()
 	select {
 	case <-b.done:
@@ -509,6 +524,38 @@ func (b *box) Stop(ctx context.Context) error {
 	}
 	b.stopErr = b.rt.cleanupRun(b.spec)
 	return b.stopErr
+}
+
+// flush makes the guest write its dirty page cache to its disk (killing
+// QEMU would lose it), through the guest init's control port.
+func (b *box) flush(ctx context.Context) error {
+	select {
+	case <-b.done:
+		return nil
+	default:
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", filepath.Join(b.run, "ctl.sock"))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	dl, _ := ctx.Deadline()
+	c.SetDeadline(dl)
+	if _, err := c.Write([]byte("sync\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil {
+		return fmt.Errorf("flush the guest's disk: %w", err)
+	}
+	if string(buf[:n]) != "ok\n" {
+		return fmt.Errorf("flush the guest's disk: %q", buf[:n])
+	}
+	return nil
 }
 
 // cleanupRun removes a box's network and run directory.
