@@ -20,6 +20,22 @@ const (
 	agentPath = agentDir + "/den"
 )
 
+// hideNetArg, after agentArg, makes the binary a helper on the host
+// (not an agent): in the mount namespace its parent unshared for it, it
+// hides /proc/sys/net under an empty tmpfs and executes the rest of its
+// argv (runsc run or restore of a networked box; see launch).
+const hideNetArg = "--exec-hiding-sys-net"
+
+func execHidingSysNet(argv []string) {
+	if err := unix.Mount("tmpfs", "/proc/sys/net", "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0"); err != nil {
+		fmt.Fprintf(os.Stderr, "den: hide /proc/sys/net: %v\n", err)
+		os.Exit(127)
+	}
+	err := unix.Exec(argv[0], argv, os.Environ())
+	fmt.Fprintf(os.Stderr, "den: exec %s: %v\n", argv[0], err)
+	os.Exit(127)
+}
+
 // IsAgent reports whether argv (os.Args[1:]) is a gVisor box's agent
 // invocation.
 func IsAgent(args []string) bool { return len(args) > 0 && args[0] == agentArg }
@@ -28,6 +44,9 @@ func IsAgent(args []string) bool { return len(args) > 0 && args[0] == agentArg }
 // its link on stdin and stdout (FIFOs the daemon reopens after a restart
 // or a restore). It never returns.
 func AgentMain() {
+	if len(os.Args) > 3 && os.Args[2] == hideNetArg {
+		execHidingSysNet(os.Args[3:])
+	}
 	// No process of the box may ptrace or read the agent's memory and fds.
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	a, err := agent.New(agent.Options{Confine: confineLauncher})

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -248,6 +249,11 @@ const checkpointTimeout = 5 * time.Minute
 // stdio and waits for it), so with keepRunning the box is restored at once
 // from dir, on the same FIFOs, and runs on in a new sandbox: Pid changes
 // (Load finds the new one), Done stays open.
+//
+// This gVisor cannot save a TCP connection over the box's eth0 (one
+// closed less than about a minute ago counts too; loopback ones are
+// fine), and a save that fails ends the sandbox: the error then says so,
+// and Done closes.
 func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, keepRunning bool) error {
 	b, ok := ib.(*box)
 	if !ok || b.rt != r {
@@ -287,8 +293,13 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 	_, err := r.runsc(cctx, []string{b.network(), "--log=" + filepath.Join(run, "runsc.log")}, "checkpoint", "--image-path", dir, b.spec.ID)
 	if err != nil {
 		endSwap()
+		if why := saveRejected(run); why != "" {
+			err = fmt.Errorf("gVisor cannot save this box: %s", why)
+		}
 		if r.containerState(ctx, b.spec.ID) == "running" {
 			b.attach(ctx)
+		} else {
+			err = fmt.Errorf("%w; the box ended", err)
 		}
 		return fmt.Errorf("checkpoint %s: %w", b.spec.ID, err)
 	}
@@ -334,6 +345,24 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 		return fmt.Errorf("checkpoint %s: the box runs on but its agent does not answer: %w", b.spec.ID, err)
 	}
 	return nil
+}
+
+// saveRejected finds in the box's runsc log why gVisor refused to save
+// it (an open TCP connection, a host socket), or "".
+func saveRejected(run string) string {
+	b, _ := os.ReadFile(filepath.Join(run, "runsc.log"))
+	i := bytes.LastIndex(b, []byte("save rejected due to "))
+	if i < 0 {
+		return ""
+	}
+	s := string(b[i+len("save rejected due to "):])
+	if j := strings.Index(s, ":\\n"); j >= 0 {
+		s = s[:j]
+	}
+	if len(s) > 300 {
+		s = s[:300]
+	}
+	return s
 }
 
 // Stats reports the box's resource use: CPU and memory from its cgroup

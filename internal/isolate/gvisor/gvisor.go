@@ -189,7 +189,12 @@ func (r *Runtime) runsc(ctx context.Context, global []string, args ...string) ([
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, tail(out, 500))
+		msg := tail(out, 500)
+		if i := bytes.Index(out, []byte("panic: ")); i >= 0 {
+			// A crash of the sentry: its first lines say why.
+			msg = string(out[i:min(len(out), i+500)])
+		}
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, msg)
 	}
 	return out, nil
 }
@@ -396,7 +401,20 @@ func (r *Runtime) launch(ctx context.Context, spec *isolate.Spec, image string) 
 	if image != "" {
 		args = []string{"restore", "--detach", "--bundle", run, "--pid-file", pidFile, "--image-path", image}
 	}
-	cmd := exec.CommandContext(ctx, r.info.Runsc, append(append(append(r.globalFlags(), global...), args...), spec.ID)...)
+	argv := append(append(append(r.globalFlags(), global...), args...), spec.ID)
+	cmd := exec.CommandContext(ctx, r.info.Runsc, argv...)
+	if spec.Net {
+		// This runsc decides that a network namespace is the host's if
+		// /proc/sys/net/core/rmem_default exists in it, and then refuses
+		// to take over its interfaces; since Linux 6.x every network
+		// namespace has that file. So runsc runs in a mount namespace of
+		// its own where /proc/sys/net is an empty tmpfs, set up by the den
+		// binary (see AgentMain). runsc only reads the namespace's
+		// interfaces and routes through netlink; its sandbox and gofer
+		// make mount namespaces of their own.
+		cmd = exec.CommandContext(ctx, filepath.Join(r.agentDir, "den"), append([]string{agentArg, hideNetArg, r.info.Runsc}, argv...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], logf
 	cmd.Dir = run
 	cmd.WaitDelay = time.Second
