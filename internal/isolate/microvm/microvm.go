@@ -244,7 +244,7 @@ func (r *Runtime) prepare(spec *isolate.Spec) (vmConfig, *guestConfig, error) {
 // cmdline is the guest kernel's command line carrying gc.
 func cmdline(gc *guestConfig) (string, error) {
 	b, _ := json.Marshal(gc)
-	s := "console=ttyS0 quiet panic=-1 pci=off cryptomgr.notests i8042.noaux i8042.nokbd i8042.nopnp den.cfg=" +
+	s := "console=ttyS0 quiet panic=-1 reboot=t pci=off cryptomgr.notests i8042.noaux i8042.nokbd i8042.nopnp den.cfg=" +
 		base64.RawURLEncoding.EncodeToString(b)
 	if len(s) >= 2048 {
 		return "", fmt.Errorf("the box's configuration does not fit on the guest kernel's command line (%d bytes)", len(s))

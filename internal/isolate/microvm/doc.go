@@ -1,0 +1,58 @@
+// Package microvm is den's microVM isolation tier: each box is a QEMU
+// `microvm` machine (KVM where it really works, TCG otherwise) booting
+// the host's Debian cloud kernel with an initramfs that den builds in Go
+// (newc cpio, cached in StateDir keyed by the den binary and the kernel
+// release): the den binary itself as /init, its loader and libraries if
+// it is dynamic (test binaries), and the virtio-mmio, disk, console, NIC,
+// erofs and overlay modules resolved through modules.dep.
+//
+// The root filesystem comes from the same image layers as on the other
+// tiers. Every lower directory becomes a read-only erofs image (mkfs.erofs,
+// uncompressed, owners, xattrs and whiteout devices kept; cached in
+// StateDir/erofs keyed by the directory's path and a fingerprint of its
+// whole tree — names, modes, owners, sizes, device numbers, mtimes and
+// ctimes — so an immutable image layer is built once and a host
+// directory like /usr is rebuilt when anything in it changes) attached as
+// a read-only virtio-blk disk. The writable layers live in one sparse
+// ext4 image, spec.Dir/disk.img (8 GiB by default, made with mkfs.ext4 on
+// first start and never mounted on the host: its contents are the
+// guest's), holding upper/<name> and work/<name>. The guest init mounts
+// the overlays in order; there is no 9p or virtio-fs, so a VM can be
+// migrated to a file, and volumes and bind mounts are refused.
+//
+// The guest configuration (hostname, disks by serial, layers, network)
+// travels on the kernel command line (den.cfg=, base64 JSON). The init,
+// PID 1 of the VM, loads the modules, mounts the disks and overlays,
+// configures eth0 and the hostname, then starts the den agent in a new
+// pid and mount namespace whose root is the box's (moved over the
+// initramfs and chrooted, as switch_root does), so the box sees only its
+// own processes. The agent serves agent.Link on the virtio-serial port
+// "den.agent" (a unix socket of QEMU's on the host, RUNDIR/agent.sock); a
+// second port, "den.ctl", lets the daemon ask the init to sync the
+// guest's filesystems before it kills QEMU. When the agent ends the init
+// reboots, and with panic=-1, reboot=t and -no-reboot any guest death
+// (init failure, kernel panic) ends QEMU; the console (RUNDIR/console.log)
+// gives the reason.
+//
+// Networking reuses the linux tier's: a network namespace pinned at
+// RUNDIR/netns gets eth0 from den's Network (same slot address, bridge,
+// nftables rules and egress proxy). Its addresses and routes move to the
+// guest, and a tap device made inside the namespace is wired to eth0
+// with tc (u32 match-all + mirred redirect, both ways), so the guest's
+// frames leave through the slot's veth with the slot's address, shaped
+// by eth0's qdisc.
+//
+// Pause and Resume are QMP stop and cont. A checkpoint stops the VM,
+// migrates it with exec:cat into dir/memory (QEMU 7.2 has no file: URI),
+// and copies the disk image beside it (a reflink or a sparse copy), so
+// memory and disk match; Restore starts QEMU with -incoming defer and -S
+// on the checkpoint's machine description, feeds it the stream, and
+// conts. QEMU runs in its own session and outlives the daemon: Load
+// reconnects to its QMP socket and agent port by pid.
+//
+// KVM is probed once (a guest boot that must panic within 10 s) and the
+// verdict cached in StateDir/accel.json: under some nested paravirtual
+// hypervisors a stock kernel hangs under KVM, and den uses TCG. Under TCG
+// the guest is told the host's TSC rate (tsc_early_khz), since its own
+// calibration against an emulated PIT can fail and hang the boot.
+package microvm
