@@ -19,13 +19,27 @@ import (
 	"github.com/den-dev/den/internal/isolate/isolatetest"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
 	if IsAgent(os.Args[1:]) {
 		AgentMain()
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// The parent group runsc made for the tests' boxes.
+	if os.Geteuid() == 0 {
+		cg := detectCgroups("/sys/fs/cgroup", testCgroup)
+		if cg.v2 {
+			os.Remove(filepath.Join(cg.root, testCgroup))
+		} else if ents, err := os.ReadDir(cg.root); err == nil {
+			for _, e := range ents {
+				os.Remove(filepath.Join(cg.root, e.Name(), testCgroup))
+			}
+		}
+		os.Remove("/run/den-test-gvisor")
+	}
+	os.Exit(code)
 }
 
 // needRunsc skips unless the machine can run the gvisor tier.
@@ -708,4 +722,129 @@ func TestNetwork(t *testing.T) {
 	if l := leftovers(rt, spec.ID); len(l) > 0 {
 		t.Fatalf("left after Stop: %v", l)
 	}
+}
+
+// TestMeasure reports start and checkpoint times (DEN_GVISOR_MEASURE=1).
+func TestMeasure(t *testing.T) {
+	if os.Getenv("DEN_GVISOR_MEASURE") == "" {
+		t.Skip("set DEN_GVISOR_MEASURE=1")
+	}
+	rt := newRuntime(t)
+	ctx := ctxT(t, 5*time.Minute)
+	spec := testSpec(t, "gmeasure")
+	if os.Getenv("DEN_GVISOR_MEASURE") == "reap" {
+		// Reap runsc's sandboxes and gofers at once, as a host's init
+		// does (this VM's PID 1 reaps orphans about 1-2 s late, and runsc
+		// delete waits for that).
+		stopReaper := reapSandboxes()
+		defer stopReaper()
+	}
+	const n = 5
+	var start, stop time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		b, err := rt.Start(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"true"}}); err != nil {
+			t.Fatal(err)
+		}
+		start += time.Since(t0)
+		t0 = time.Now()
+		b.Stop(ctx)
+		stop += time.Since(t0)
+	}
+	t.Logf("den Start until an exec of true answered: %v (Stop %v)", start/n, stop/n)
+	// The same root, raw: runsc run of /bin/true.
+	if err := rt.prepare(spec); err != nil {
+		t.Fatal(err)
+	}
+	run := rt.boxRun(spec.ID)
+	cfg, _ := os.ReadFile(filepath.Join(run, "config.json"))
+	cfg = []byte(strings.Replace(string(cfg), `"/dev/.den/den",`+"\n\t\t\t\""+agentArg+`"`, `"/bin/true"`, 1))
+	os.WriteFile(filepath.Join(run, "config.json"), cfg, 0o600)
+	var raw time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		out, err := exec.Command(rt.info.Runsc, append(rt.globalFlags(), "--network=none", "run", "--bundle", run, "raw"+strconv.Itoa(i))...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("raw runsc run: %v %s", err, out)
+		}
+		raw += time.Since(t0)
+		exec.Command(rt.info.Runsc, "--root", rt.state, "delete", "--force", "raw"+strconv.Itoa(i)).Run()
+	}
+	t.Logf("raw runsc run of /bin/true on the same root: %v", raw/n)
+	rt.clean(ctx, spec)
+	// Checkpoint and restore of an idle box.
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, b, "true")
+	var ck, rs time.Duration
+	for i := 0; i < n; i++ {
+		dir := filepath.Join(t.TempDir(), "ck")
+		t0 := time.Now()
+		if err := rt.Checkpoint(ctx, b, dir, false); err != nil {
+			t.Fatal(err)
+		}
+		ck += time.Since(t0)
+		t0 = time.Now()
+		if b, err = rt.Restore(ctx, spec, dir); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"true"}}); err != nil {
+			t.Fatal(err)
+		}
+		rs += time.Since(t0)
+		if i == 0 {
+			var size int64
+			filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+				if fi, err := d.Info(); err == nil && !d.IsDir() {
+					size += fi.Size()
+				}
+				return nil
+			})
+			t.Logf("checkpoint image: %d KiB", size>>10)
+		}
+	}
+	b.Stop(ctx)
+	t.Logf("idle box: checkpoint %v, restore until an exec answered %v, total %v", ck/n, rs/n, (ck+rs)/n)
+}
+
+// reapSandboxes makes the test process the subreaper of the runsc
+// sandboxes and gofers it starts and reaps them (their comm is "exe") as
+// soon as they exit.
+func reapSandboxes() func() {
+	unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			ents, _ := os.ReadDir("/proc")
+			for _, e := range ents {
+				pid, err := strconv.Atoi(e.Name())
+				if err != nil {
+					continue
+				}
+				b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+				if err != nil {
+					continue
+				}
+				s := string(b)
+				comm := s[strings.IndexByte(s, '(')+1 : strings.LastIndexByte(s, ')')]
+				f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+				if comm == "exe" && len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid()) {
+					var ws unix.WaitStatus
+					unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+				}
+			}
+		}
+	}()
+	return func() { close(done); unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) }
 }
