@@ -15,7 +15,12 @@
 // and are handed anew to runsc restore. A networked box's sandbox joins a
 // network namespace pinned in its run directory, whose eth0 is den's
 // bridge slot; gVisor's netstack takes that interface over, so den's
-// nftables rules and egress proxy apply as on the linux tier. Limits are
-// runsc's cgroups (parent "den", as the linux tier); pause, checkpoint and
-// restore are runsc's. runsc keeps its state under RunDir/state.
+// nftables rules and egress proxy apply as on the linux tier (a network
+// cannot be attached or detached while the box runs: no Networker).
+// Limits are runsc's cgroups (parent "den", as the linux tier; SetLimits
+// writes them directly); gVisor's kernel sizes its memory by the limit,
+// and a box exceeding it is OOM-killed as a whole. Pause, checkpoint and
+// restore are runsc's; a checkpoint that keeps the box running restores it
+// at once into a new sandbox (this runsc's --leave-running cannot be used
+// with detached stdio). runsc keeps its state under RunDir/state.
 package gvisor
