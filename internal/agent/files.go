@@ -2,11 +2,13 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/den-dev/den/api"
@@ -41,6 +43,18 @@ func openFile(p string, flags int, mode uint32) (*os.File, error) {
 		Mode:    uint64(mode),
 		Resolve: unix.RESOLVE_NO_MAGICLINKS,
 	})
+	if errors.Is(err, unix.ENOSYS) {
+		// gVisor's sentry (2022 builds) has no openat2. Its agent sees only
+		// the sandbox's own mounts, so a plain open stays inside; magic
+		// links are still refused by the check below.
+		fd, err = unix.Open(p, flags|unix.O_CLOEXEC, mode)
+		if err == nil {
+			if target, lerr := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd)); lerr == nil && !strings.HasPrefix(target, "/") {
+				unix.Close(fd)
+				return nil, &os.PathError{Op: "open", Path: p, Err: unix.ELOOP}
+			}
+		}
+	}
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: p, Err: err}
 	}

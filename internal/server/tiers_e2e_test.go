@@ -169,7 +169,9 @@ func TestGvisorSandbox(t *testing.T) {
 	if got.ID != sb.ID || got.Runtime != "gvisor" || got.State != api.StateRunning {
 		t.Fatalf("escalated: %+v", got)
 	}
-	res := e.sh(t, sb.ID, "cat /root/kept; stat -c %u /root/kept; dmesg 2>/dev/null | head -1; ls / | wc -l")
+	// (busybox's stat: Debian's coreutils pass statx a flag the 2022 runsc
+	// refuses, see docs/design.md.)
+	res := e.sh(t, sb.ID, "cat /root/kept; busybox stat -c %u /root/kept")
 	if !strings.HasPrefix(string(res.Stdout), "from-linux\n1000\n") || res.ExitCode != 0 {
 		t.Fatalf("after escalation: %+v", res)
 	}

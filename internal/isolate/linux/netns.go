@@ -28,20 +28,37 @@ func CreateNetNS(path string) error {
 	}
 	f.Close()
 	errc := make(chan error, 1)
-	// unshare on a thread of its own that is never reused: it ends with
-	// the goroutine, so no other goroutine runs in the new namespace.
+	// unshare on a locked thread, and back again before unlocking it, so
+	// no other goroutine ever runs in the new namespace.
 	go func() {
 		runtime.LockOSThread()
+		orig, err := unix.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open own network namespace: %w", err)
+			return
+		}
+		defer unix.Close(orig)
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("unshare network namespace: %w", err)
 			return
 		}
 		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		if err := unix.Mount(self, path, "", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("pin network namespace at %s: %w", path, err)
-			return
+		err = unix.Mount(self, path, "", unix.MS_BIND, "")
+		if err != nil {
+			err = fmt.Errorf("pin network namespace at %s: %w", path, err)
+		} else {
+			err = loopbackUp()
 		}
-		errc <- loopbackUp()
+		// Back to the daemon's namespace before the thread is reused; if
+		// that fails the thread stays locked and ends with the goroutine
+		// (Go parks rather than ends the main thread, so never rely on
+		// that alone).
+		if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	if err := <-errc; err != nil {
 		RemoveNetNS(path)
