@@ -46,6 +46,13 @@ host supports; a peer whose binary is missing is skipped with the reason):
                  must answer an exec. Target: <= 4MiB per sandbox.
   runsc          den run --rm -- true vs gVisor's runsc (ptrace platform,
                  busybox root); -n iterations (100). For information.
+  gvisor         create + exec of true in a gvisor sandbox of a busybox image
+                 vs a raw runsc run of the same root (same platform), -n (20);
+                 then hibernate + resume of an idle one (checkpoint +
+                 restore), 10 times. Targets: <= 1.2x runsc; <= 500ms.
+  microvm        create + exec of true in a microvm sandbox vs a raw QEMU
+                 boot of the same kernel and initramfs to the same init,
+                 -n (20). Target: <= 1.2x the raw boot.
 
 Progress goes to stderr. den bench exits 0 even when a target fails, unless
 --strict; it exits 1 when a scenario could not be measured.`,
@@ -79,7 +86,7 @@ const (
 	benchRebuildS    = 1.0 // a rebuild with nothing changed <= 1 s
 )
 
-var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc"}
+var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc", "gvisor", "microvm"}
 
 // benchBwrapArgv is the bwrap peer: the namespace floor.
 var benchBwrapArgv = []string{"bwrap", "--unshare-all", "--die-with-parent",
@@ -574,6 +581,10 @@ func (b *bench) run(ctx context.Context, scenarios []string) error {
 			err = b.density(ctx)
 		case "runsc":
 			err = b.runscScenario(ctx)
+		case "gvisor":
+			err = b.gvisorScenario(ctx)
+		case "microvm":
+			err = b.microvmScenario(ctx)
 		}
 		b.progressDone()
 		if ctx.Err() != nil {

@@ -79,6 +79,20 @@ func mountRoot(spec *isolate.Spec, rootfs string) (err error) {
 		}
 		mounted = true
 	}
+	// The mount points gVisor mounts its own filesystems on (and the agent
+	// under /dev) must exist, also in an image made FROM scratch.
+	root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open root: %w", err)
+	}
+	defer unix.Close(root)
+	for _, d := range []string{"/dev", "/proc", "/sys", "/tmp"} {
+		fd, err := mkdirInRoot(root, d)
+		if err != nil {
+			return fmt.Errorf("mount point %s: %w", d, err)
+		}
+		unix.Close(fd)
+	}
 	return nil
 }
 
