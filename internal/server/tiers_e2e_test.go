@@ -238,7 +238,7 @@ func TestMicrovmSandbox(t *testing.T) {
 	ctx := context.Background()
 	img := e.busyboxImage(t)
 	sb := e.create(t, api.CreateRequest{Image: img, Runtime: "microvm"})
-	res := e.sh(t, sb.ID, "uname -r; id -u; echo data > /root/f")
+	res := e.sh(t, sb.ID, "mkdir -p /root; uname -r; id -u; echo data > /root/f")
 	if res.ExitCode != 0 || !strings.Contains(string(res.Stdout), "\n0\n") {
 		t.Fatalf("microvm exec: %+v", res)
 	}
@@ -264,6 +264,23 @@ func TestMicrovmSandbox(t *testing.T) {
 		t.Fatalf("files after restore: %+v", res)
 	}
 	e.c.Remove(ctx, sb.ID, true)
+
+	// Escalation from linux: the files move into the VM's disk with their
+	// owners.
+	up := e.create(t, api.CreateRequest{Image: img, Name: "upward"})
+	e.sh(t, up.ID, "mkdir -p /srv /root && echo mine > /srv/f && chown 1000:1000 /srv/f && rm /etc/passwd.nonexistent 2>/dev/null; echo gone > /root/g && rm /root/g")
+	got, err = e.c.Escalate(ctx, up.ID, "microvm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Runtime != "microvm" || got.State != api.StateRunning {
+		t.Fatalf("escalated: %+v", got)
+	}
+	res = e.sh(t, up.ID, "cat /srv/f; stat -c %u:%g /srv/f; ls /root; uname -r")
+	if !strings.HasPrefix(string(res.Stdout), "mine\n1000:1000\n") || strings.Contains(string(res.Stdout), "\ng\n") {
+		t.Fatalf("after escalation to microvm: %+v", res)
+	}
+	e.c.Remove(ctx, up.ID, true)
 }
 
 func hostRelease() string {
