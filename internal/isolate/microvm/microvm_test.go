@@ -406,11 +406,16 @@ func BenchmarkRawBoot(b *testing.B) {
 	if rt.info.Accel == "kvm" {
 		cpu = "host"
 	}
+	appendLine := "console=ttyS0 quiet panic=-1 reboot=t den.probe"
+	if rt.info.Accel == "tcg" {
+		appendLine += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", hostTSCkHz())
+	}
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		out, err := exec.Command(rt.info.QEMU, "-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off,acpi=on",
 			"-accel", rt.info.Accel, "-cpu", cpu, "-m", "256", "-nodefaults", "-no-user-config", "-nographic",
 			"-serial", "stdio", "-kernel", rt.info.Kernel, "-initrd", initrd,
-			"-append", "console=ttyS0 quiet panic=-1 den.probe", "-no-reboot").CombinedOutput()
+			"-append", appendLine, "-no-reboot").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "den-guest-ready") {
 			b.Fatalf("%v: %s", err, out)
 		}
