@@ -50,9 +50,10 @@ host supports; a peer whose binary is missing is skipped with the reason):
                  vs a raw runsc run of the same root (same platform), -n (20);
                  then hibernate + resume of an idle one (checkpoint +
                  restore), 10 times. Targets: <= 1.2x runsc; <= 500ms.
-  microvm        create + exec of true in a microvm sandbox vs a raw QEMU
-                 boot of the same kernel and initramfs to the same init,
-                 -n (20). Target: <= 1.2x the raw boot.
+
+The microVM's cold start against a raw QEMU boot of the same kernel and
+initramfs is measured by go test -bench 'RawBoot|ColdStart'
+./internal/isolate/microvm (see docs/benchmarks.md).
 
 Progress goes to stderr. den bench exits 0 even when a target fails, unless
 --strict; it exits 1 when a scenario could not be measured.`,
@@ -86,7 +87,7 @@ const (
 	benchRebuildS    = 1.0 // a rebuild with nothing changed <= 1 s
 )
 
-var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc", "gvisor", "microvm"}
+var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc", "gvisor"}
 
 // benchBwrapArgv is the bwrap peer: the namespace floor.
 var benchBwrapArgv = []string{"bwrap", "--unshare-all", "--die-with-parent",
@@ -583,8 +584,6 @@ func (b *bench) run(ctx context.Context, scenarios []string) error {
 			err = b.runscScenario(ctx)
 		case "gvisor":
 			err = b.gvisorScenario(ctx)
-		case "microvm":
-			err = b.microvmScenario(ctx)
 		}
 		b.progressDone()
 		if ctx.Err() != nil {
