@@ -34,12 +34,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 		return errors.New("checkpoint: not a box of this microvm runtime")
 	}
 	b.mu.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			b.mu.Unlock()
-		}
-	}()
+	defer b.mu.Unlock()
 	if b.stopped {
 		return errors.New("checkpoint: the box is stopped")
 	}
@@ -47,7 +42,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	wasPaused := b.paused
+	// The session ends while the guest runs, so it sees the port close
+	// before its memory is saved.
+	b.link.Detach()
+	if !wasPaused {
+		time.Sleep(50 * time.Millisecond)
+	}
 	if _, err := b.qmp.run(ctx, "stop", nil); err != nil {
+		b.attach(ctx)
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	// Resumes the box if the checkpoint fails half way.
@@ -56,7 +58,6 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 			b.qmp.run(context.Background(), "cont", nil)
 		}
 	}
-	b.link.Detach()
 	mem := filepath.Join(dir, "memory")
 	os.Remove(mem)
 	if _, err := b.qmp.run(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30}); err != nil {
@@ -87,9 +88,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	if !keepRunning {
-		locked = false
-		b.mu.Unlock()
-		return b.Stop(ctx)
+		// Memory and disk are saved: no flush (the VM is stopped).
+		return b.stopLocked(ctx, false)
 	}
 	if !wasPaused {
 		if _, err := b.qmp.run(ctx, "cont", nil); err != nil {

@@ -502,15 +502,23 @@ func (b *box) attach(ctx context.Context) error {
 func (b *box) Stop(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.stopLocked(ctx, true)
+}
+
+// stopLocked stops the box; with flush the guest first writes its page
+// cache to its disk.
+func (b *box) stopLocked(ctx context.Context, flush bool) error {
 	if b.stopped {
 		return b.stopErr
 	}
-	// A paused guest runs an instant to flush: files written before the
-	// pause are kept.
-	if b.paused {
-		b.qmp.run(ctx, "cont", nil)
+	if flush {
+		// A paused guest runs an instant to flush: files written before
+		// the pause are kept.
+		if b.paused {
+			b.qmp.run(ctx, "cont", nil)
+		}
+		b.flush(ctx)
 	}
-	b.flush(ctx)
 	b.kill()
 	select {
 	case <-b.done:
