@@ -93,7 +93,8 @@ func (c *imageCache) image(dir string) (string, error) {
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return "", err
 	}
-	tmp := out + ".tmp"
+	// Unique per process: another daemon or test may build it too.
+	tmp := fmt.Sprintf("%s.%d.tmp", out, os.Getpid())
 	os.Remove(tmp)
 	// Uncompressed (guests read it at memory speed), owners and xattrs
 	// kept as on disk (canonical ids; overlay's opaque xattrs), device

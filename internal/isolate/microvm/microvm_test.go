@@ -78,7 +78,13 @@ func busyboxRoot(t testing.TB) string {
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		t.Skip("needs /bin/busybox (busybox-static)")
 	}
+	final := dir
+	dir = fmt.Sprintf("%s.%d", final, os.Getpid())
 	os.RemoveAll(dir)
+	defer func() {
+		os.Rename(dir, final) // a concurrent run may have made it first
+		os.RemoveAll(dir)
+	}()
 	for _, d := range []string{"bin", "etc", "root", "tmp", "proc", "sys", "dev", "usr/bin", "srv"} {
 		os.MkdirAll(filepath.Join(dir, d), 0o755)
 	}
@@ -103,7 +109,7 @@ func busyboxRoot(t testing.TB) string {
 	os.WriteFile(filepath.Join(dir, "etc/hidden"), []byte("lower\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "usr/bin/from-root"), []byte("root layer\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
-	return dir
+	return final
 }
 
 // usrLayer is an image layer for /usr with a file and a whiteout.
