@@ -373,6 +373,13 @@ func TestHibernateAndIdleActions(t *testing.T) {
 	if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Name: "svc", Restart: "always", Shell: "echo started >> /root/svc; sleep 1000"}); err != nil {
 		t.Fatal(err)
 	}
+	// The service has run once before the sandbox hibernates.
+	for i := 0; string(e.sh(t, sb.ID, "cat /root/svc 2>/dev/null").Stdout) != "started\n"; i++ {
+		if i > 100 {
+			t.Fatal("the service never started")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	h, err := e.c.Hibernate(ctx, sb.ID)
 	if err != nil || h.State != api.StateHibernated || h.Pid != 0 {
 		t.Fatalf("hibernate: %+v %v", h, err)
@@ -385,9 +392,15 @@ func TestHibernateAndIdleActions(t *testing.T) {
 	if now.State != api.StateRunning || now.Resumed != api.ResumedRestarted {
 		t.Fatalf("after use: %+v", now)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if got := string(e.sh(t, sb.ID, "cat /root/svc").Stdout); got != "started\nstarted\n" {
-		t.Fatalf("service not restarted after hibernate: %q", got)
+	for i := 0; ; i++ {
+		got := string(e.sh(t, sb.ID, "cat /root/svc").Stdout)
+		if got == "started\nstarted\n" {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("service not restarted after hibernate: %q", got)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	// Idle actions.
 	for _, action := range []string{api.IdlePause, api.IdleHibernate} {
