@@ -369,7 +369,7 @@ func saveRejected(run string) string {
 // (gVisor's sentry and gofer included), the tasks gVisor's kernel runs,
 // and its network namespace's interface counters.
 func (b *box) Stats() (isolate.Stats, error) {
-	u := b.rt.cg.usage(b.spec.ID)
+	u := b.rt.cg.Usage(b.spec.ID)
 	st := isolate.Stats{CPU: u.CPU, Memory: u.Memory, Pids: u.Pids}
 	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", b.Pid()))
 	if err != nil {
@@ -397,7 +397,7 @@ func (b *box) Stats() (isolate.Stats, error) {
 }
 
 // OOMKills counts the kernel's out-of-memory kills in the box's cgroup.
-func (b *box) OOMKills() uint64 { return b.rt.cg.oomKills(b.spec.ID) }
+func (b *box) OOMKills() uint64 { return b.rt.cg.OOMKills(b.spec.ID) }
 
 // SetLimits changes the box's cgroup limits while it runs. gVisor's
 // kernel keeps the memory size it booted with (what /proc/meminfo shows

@@ -80,7 +80,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(r.state, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: create %s: %w", r.state, err)
 	}
-	if err := makePrivateMount(cfg.RunDir); err != nil {
+	if err := linux.MakePrivateMount(cfg.RunDir); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	var err error
@@ -95,29 +95,6 @@ func (r *Runtime) Name() string { return "gvisor" }
 
 // Info is what Detect found when the runtime was made.
 func (r *Runtime) Info() Info { return r.info }
-
-// makePrivateMount makes dir a private mount, so mounts made under it
-// never propagate into (or out of) other mount namespaces.
-func makePrivateMount(dir string) error {
-	if !isMountPoint(dir) {
-		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind %s: %w", dir, err)
-		}
-	}
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make %s private: %w", dir, err)
-	}
-	return nil
-}
-
-func isMountPoint(dir string) bool {
-	for _, m := range mountsUnder(dir) {
-		if m == dir {
-			return true
-		}
-	}
-	return false
-}
 
 // installAgent copies the running binary to dir/<hash>/den (root-owned,
 // read-only), once per binary: boxes mount that directory read-only and

@@ -30,11 +30,11 @@ func TestMain(m *testing.M) {
 	// The parent group runsc made for the tests' boxes.
 	if os.Geteuid() == 0 {
 		cg := detectCgroups("/sys/fs/cgroup", testCgroup)
-		if cg.v2 {
-			os.Remove(filepath.Join(cg.root, testCgroup))
-		} else if ents, err := os.ReadDir(cg.root); err == nil {
+		if cg.V2 {
+			os.Remove(filepath.Join(cg.Root, testCgroup))
+		} else if ents, err := os.ReadDir(cg.Root); err == nil {
 			for _, e := range ents {
-				os.Remove(filepath.Join(cg.root, e.Name(), testCgroup))
+				os.Remove(filepath.Join(cg.Root, e.Name(), testCgroup))
 			}
 		}
 		os.Remove("/run/den-test-gvisor")
@@ -158,7 +158,7 @@ func leftovers(rt *Runtime, id string) []string {
 	if _, err := os.Stat(rt.boxRun(id)); err == nil {
 		out = append(out, "run dir")
 	}
-	if _, err := os.Stat(rt.cg.dir(id, "memory")); err == nil {
+	if _, err := os.Stat(rt.cg.Dir(id, "memory")); err == nil {
 		out = append(out, "cgroup")
 	}
 	return out
@@ -284,16 +284,16 @@ func TestMountsAndLimits(t *testing.T) {
 		t.Errorf("MemTotal inside = %q, want the 128 MiB limit", out)
 	}
 	cgFile := func(c, f string) string {
-		data, _ := os.ReadFile(filepath.Join(rt.cg.dir(spec.ID, c), f))
+		data, _ := os.ReadFile(filepath.Join(rt.cg.Dir(spec.ID, c), f))
 		return strings.TrimSpace(string(data))
 	}
-	if got := cgFile("memory", "memory.limit_in_bytes"); !rt.cg.v2 && got != strconv.Itoa(128<<20) {
+	if got := cgFile("memory", "memory.limit_in_bytes"); !rt.cg.V2 && got != strconv.Itoa(128<<20) {
 		t.Errorf("memory limit %q", got)
 	}
 	if err := b.SetLimits(isolate.Limits{Memory: 192 << 20, CPUs: 1, Pids: 200}); err != nil {
 		t.Fatal(err)
 	}
-	if !rt.cg.v2 {
+	if !rt.cg.V2 {
 		if got := cgFile("memory", "memory.limit_in_bytes"); got != strconv.Itoa(192<<20) {
 			t.Errorf("memory limit after SetLimits %q", got)
 		}

@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/isolate/linux"
 	"golang.org/x/sys/unix"
 )
 
@@ -66,7 +66,7 @@ func mountRoot(spec *isolate.Spec, rootfs string) (err error) {
 			if err != nil {
 				return fmt.Errorf("open root: %w", err)
 			}
-			fd, err := mkdirInRoot(root, l.Target)
+			fd, err := linux.MkdirInRoot(root, l.Target)
 			unix.Close(root)
 			if err != nil {
 				return fmt.Errorf("mount point %s: %w", l.Target, err)
@@ -87,7 +87,7 @@ func mountRoot(spec *isolate.Spec, rootfs string) (err error) {
 	}
 	defer unix.Close(root)
 	for _, d := range []string{"/dev", "/proc", "/sys", "/tmp"} {
-		fd, err := mkdirInRoot(root, d)
+		fd, err := linux.MkdirInRoot(root, d)
 		if err != nil {
 			return fmt.Errorf("mount point %s: %w", d, err)
 		}
@@ -122,48 +122,6 @@ func bindSource(m isolate.Mount, dst string) error {
 		return fmt.Errorf("set attributes of %s: %w", m.Source, err)
 	}
 	return nil
-}
-
-// inRoot resolves paths the way the box will see them: symlinks stay
-// inside the root, and /proc magic links are refused.
-var inRoot = unix.OpenHow{
-	Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-	Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-}
-
-// mkdirInRoot opens (O_PATH) the directory p inside root, creating what
-// is missing (mode 0755, owned by root) one component at a time.
-func mkdirInRoot(root int, p string) (int, error) {
-	rel := strings.TrimPrefix(path.Clean("/"+p), "/")
-	how := inRoot
-	if fd, err := unix.Openat2(root, rel, &how); !errors.Is(err, unix.ENOENT) {
-		return fd, err
-	}
-	parent, err := unix.Openat2(root, ".", &how)
-	if err != nil {
-		return -1, err
-	}
-	comps := strings.Split(rel, "/")
-	for i, c := range comps {
-		prefix := strings.Join(comps[:i+1], "/")
-		fd, err := unix.Openat2(root, prefix, &how)
-		if errors.Is(err, unix.ENOENT) {
-			if err := unix.Mkdirat(parent, c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
-				unix.Close(parent)
-				return -1, fmt.Errorf("create /%s: %w", prefix, err)
-			}
-			fd, err = unix.Openat2(root, prefix, &how)
-			if errors.Is(err, unix.ENOENT) {
-				err = errors.New("a dangling symlink")
-			}
-		}
-		unix.Close(parent)
-		if err != nil {
-			return -1, fmt.Errorf("open /%s: %w", prefix, err)
-		}
-		parent = fd
-	}
-	return parent, nil
 }
 
 // mountsUnder lists the mount points at or under dir in this process's

@@ -18,10 +18,18 @@ import (
 // cgroups places boxes in cgroups on either cgroup v2 (unified) or v1
 // (one hierarchy per controller), whichever the host has.
 type cgroups struct {
-	v2      bool
-	root    string // /sys/fs/cgroup
-	name    string // "den": the parent group of every box
-	freezer bool   // v1: the freezer hierarchy is mounted (v2 always has cgroup.freeze)
+	CgroupView
+	freezer bool // v1: the freezer hierarchy is mounted (v2 always has cgroup.freeze)
+}
+
+// CgroupView finds and reads the groups of boxes under one parent group,
+// on cgroup v2 (Root/Parent/<id>) or v1 (Root/<controller>/Parent/<id>).
+// The linux tier makes its groups itself; the gvisor tier reads the ones
+// runsc makes.
+type CgroupView struct {
+	V2     bool
+	Root   string // /sys/fs/cgroup
+	Parent string // "den": the parent group of every box
 }
 
 var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids"}
@@ -31,9 +39,9 @@ var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids"}
 const v1Freezer = "freezer"
 
 func detectCgroups(root, name string) (*cgroups, error) {
-	cg := &cgroups{root: root, name: name}
+	cg := &cgroups{CgroupView: CgroupView{Root: root, Parent: name}}
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
-		cg.v2 = true
+		cg.V2 = true
 		if err := os.MkdirAll(filepath.Join(root, name), 0o755); err != nil {
 			return nil, fmt.Errorf("create cgroup %s: %w", name, err)
 		}
@@ -62,31 +70,34 @@ func detectCgroups(root, name string) (*cgroups, error) {
 }
 
 func (cg *cgroups) Version() string {
-	if cg.v2 {
+	if cg.V2 {
 		return "v2"
 	}
 	return "v1"
 }
 
 func (cg *cgroups) dirs(id string) []string {
-	if cg.v2 {
-		return []string{filepath.Join(cg.root, cg.name, id)}
+	if cg.V2 {
+		return []string{filepath.Join(cg.Root, cg.Parent, id)}
 	}
 	var d []string
 	for _, c := range v1Controllers {
-		d = append(d, filepath.Join(cg.root, c, cg.name, id))
+		d = append(d, filepath.Join(cg.Root, c, cg.Parent, id))
 	}
 	if cg.freezer {
-		d = append(d, filepath.Join(cg.root, v1Freezer, cg.name, id))
+		d = append(d, filepath.Join(cg.Root, v1Freezer, cg.Parent, id))
 	}
 	return d
 }
 
-func (cg *cgroups) dir(id, controller string) string {
-	if cg.v2 {
-		return filepath.Join(cg.root, cg.name, id)
+func (cg *cgroups) dir(id, controller string) string { return cg.Dir(id, controller) }
+
+// Dir is box id's group of controller (the one group on v2).
+func (v CgroupView) Dir(id, controller string) string {
+	if v.V2 {
+		return filepath.Join(v.Root, v.Parent, id)
 	}
-	return filepath.Join(cg.root, controller, cg.name, id)
+	return filepath.Join(v.Root, controller, v.Parent, id)
 }
 
 // Create makes the box's groups and sets its limits.
@@ -96,7 +107,7 @@ func (cg *cgroups) Create(id string, l isolate.Limits) error {
 			return fmt.Errorf("create cgroup: %w", err)
 		}
 	}
-	if !cg.v2 {
+	if !cg.V2 {
 		// Keep OOM kills inside the group and let the kernel report them.
 		write(filepath.Join(cg.dir(id, "memory"), "memory.swappiness"), "0")
 	}
@@ -113,7 +124,7 @@ func write(path, v string) error {
 // SetLimits applies l; zero fields mean unlimited.
 func (cg *cgroups) SetLimits(id string, l isolate.Limits) error {
 	const period = 100000
-	if cg.v2 {
+	if cg.V2 {
 		d := cg.dir(id, "")
 		mem, cpu, pids := "max", "max", "max"
 		if l.Memory > 0 {
@@ -183,12 +194,12 @@ func (cg *cgroups) Add(id string, pid int) error {
 }
 
 // OOMKills reads the kernel's count of OOM kills in the box's memory group.
-func (cg *cgroups) OOMKills(id string) uint64 {
+func (v CgroupView) OOMKills(id string) uint64 {
 	file := "memory.oom_control"
-	if cg.v2 {
+	if v.V2 {
 		file = "memory.events"
 	}
-	f, err := os.Open(filepath.Join(cg.dir(id, "memory"), file))
+	f, err := os.Open(filepath.Join(v.Dir(id, "memory"), file))
 	if err != nil {
 		return 0
 	}
@@ -208,7 +219,7 @@ func (cg *cgroups) OOMKills(id string) uint64 {
 func (cg *cgroups) Kill(id string) {
 	defer cg.Thaw(id)
 	dirs := cg.dirs(id)
-	if !cg.v2 {
+	if !cg.V2 {
 		dirs = append(dirs, filepath.Join(cg.dir(id, "pids"), "cmds"))
 	}
 	for _, d := range dirs {
@@ -229,7 +240,7 @@ func (cg *cgroups) Kill(id string) {
 func (cg *cgroups) Remove(id string) error {
 	var last error
 	dirs := cg.dirs(id)
-	if !cg.v2 {
+	if !cg.V2 {
 		dirs = append([]string{filepath.Join(cg.dir(id, "pids"), "cmds")}, dirs...)
 	}
 	for _, d := range dirs {
@@ -265,10 +276,10 @@ func readInt(p string) int64 {
 }
 
 // Usage reads the box's counters.
-func (cg *cgroups) Usage(id string) Usage {
+func (v CgroupView) Usage(id string) Usage {
 	var u Usage
-	if cg.v2 {
-		d := cg.dir(id, "")
+	if v.V2 {
+		d := v.Dir(id, "")
 		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
 			for _, line := range strings.Split(string(b), "\n") {
 				if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
@@ -281,16 +292,16 @@ func (cg *cgroups) Usage(id string) Usage {
 		u.Pids = int(readInt(filepath.Join(d, "pids.current")))
 		return u
 	}
-	u.CPU = time.Duration(readInt(filepath.Join(cg.dir(id, "cpuacct"), "cpuacct.usage")))
-	u.Memory = readInt(filepath.Join(cg.dir(id, "memory"), "memory.usage_in_bytes"))
-	u.Pids = int(readInt(filepath.Join(cg.dir(id, "pids"), "pids.current")))
+	u.CPU = time.Duration(readInt(filepath.Join(v.Dir(id, "cpuacct"), "cpuacct.usage")))
+	u.Memory = readInt(filepath.Join(v.Dir(id, "memory"), "memory.usage_in_bytes"))
+	u.Pids = int(readInt(filepath.Join(v.Dir(id, "pids"), "pids.current")))
 	return u
 }
 
 // MoveLauncher puts the agent's launcher thread (tid, a host id) in the
 // commands' pids group (v1; on v2 the whole box shares one group).
 func (cg *cgroups) MoveLauncher(id string, tid int) error {
-	if cg.v2 {
+	if cg.V2 {
 		return nil
 	}
 	return write(filepath.Join(cg.dir(id, "pids"), "cmds", "tasks"), strconv.Itoa(tid))
@@ -319,7 +330,7 @@ func (cg *cgroups) Procs(id string) []int {
 func (cg *cgroups) Freeze(ctx context.Context, id string, frozen bool) error {
 	var file, value string
 	var done func() (bool, error)
-	if cg.v2 {
+	if cg.V2 {
 		d := cg.dir(id, "")
 		file, value = filepath.Join(d, "cgroup.freeze"), "0"
 		want := "frozen 0"
@@ -394,7 +405,7 @@ func (cg *cgroups) Freeze(ctx context.Context, id string, frozen bool) error {
 
 // Thaw lets the box's processes run if they were frozen, without waiting.
 func (cg *cgroups) Thaw(id string) {
-	if cg.v2 {
+	if cg.V2 {
 		write(filepath.Join(cg.dir(id, ""), "cgroup.freeze"), "0")
 	} else if cg.freezer {
 		write(filepath.Join(cg.dir(id, v1Freezer), "freezer.state"), "THAWED")
@@ -403,7 +414,7 @@ func (cg *cgroups) Thaw(id string) {
 
 // Frozen reports whether the box's processes are frozen (or freezing).
 func (cg *cgroups) Frozen(id string) bool {
-	if cg.v2 {
+	if cg.V2 {
 		return readInt(filepath.Join(cg.dir(id, ""), "cgroup.freeze")) == 1
 	}
 	if !cg.freezer {

@@ -27,8 +27,8 @@ func TestCgroupV2Files(t *testing.T) {
 	root := t.TempDir()
 	os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpu memory pids"), 0o644)
 	cg, err := detectCgroups(root, "den")
-	if err != nil || !cg.v2 {
-		t.Fatalf("detect: %v v2=%v", err, cg != nil && cg.v2)
+	if err != nil || !cg.V2 {
+		t.Fatalf("detect: %v v2=%v", err, cg != nil && cg.V2)
 	}
 	if got := readTrim(t, filepath.Join(root, "den", "cgroup.subtree_control")); got != "+cpu +memory +pids" {
 		t.Fatalf("subtree_control %q", got)
@@ -66,7 +66,7 @@ func fakeV1(t *testing.T) string {
 func TestCgroupV1Files(t *testing.T) {
 	root := fakeV1(t)
 	cg, err := detectCgroups(root, "den")
-	if err != nil || cg.v2 {
+	if err != nil || cg.V2 {
 		t.Fatalf("detect: %v", err)
 	}
 	if err := cg.Create("b1", isolate.Limits{CPUs: 0.5, Memory: 64 << 20, Pids: 10}); err != nil {

@@ -21,7 +21,7 @@ import (
 // runs on where it was.
 func TestPauseResume(t *testing.T) {
 	rt := newRuntime(t)
-	if rt.cg.v2 {
+	if rt.cg.V2 {
 		t.Log("cgroup v2 host")
 	}
 	ctx := context.Background()
@@ -176,7 +176,7 @@ func TestFreezeV2Kernel(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
 		t.Skip("no hybrid cgroup2 hierarchy at " + root)
 	}
-	cg := &cgroups{v2: true, root: root, name: "den-test"}
+	cg := &cgroups{CgroupView: CgroupView{V2: true, Root: root, Parent: "den-test"}}
 	d := cg.dir("spin", "")
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		t.Fatal(err)

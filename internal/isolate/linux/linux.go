@@ -79,7 +79,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	// Make the run directory a private mount so mounts made under it never
 	// propagate into (or out of) other mount namespaces.
-	if err := makePrivateMount(cfg.RunDir); err != nil {
+	if err := MakePrivateMount(cfg.RunDir); err != nil {
 		return nil, err
 	}
 	exe, err := sealedSelf()
@@ -113,7 +113,10 @@ func mkdirSearchable(dir string) error {
 	return nil
 }
 
-func makePrivateMount(dir string) error {
+// MakePrivateMount makes dir a private mount (binding it onto itself
+// first if it is not a mount point), so mounts made under it never
+// propagate into (or out of) other mount namespaces.
+func MakePrivateMount(dir string) error {
 	mounted, err := isMountPoint(dir)
 	if err != nil {
 		return err
@@ -364,7 +367,7 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 		if err := r.cg.MoveLauncher(spec.ID, tid); err != nil {
 			return nil, err
 		}
-	} else if !r.cg.v2 {
+	} else if !r.cg.V2 {
 		return nil, errors.New("box init: the agent's launcher thread was not found")
 	}
 	// The box's mount namespace holds its own copy of the root now.

@@ -164,7 +164,7 @@ var inRoot = unix.OpenHow{
 // inside the directory root; missing directories on the way are created
 // (mode 0755, by the caller's fsuid).
 func attachInRoot(root int, target string, src int) error {
-	dir, err := mkdirInRoot(root, target)
+	dir, err := MkdirInRoot(root, target)
 	if err != nil {
 		return err
 	}
@@ -175,10 +175,11 @@ func attachInRoot(root int, target string, src int) error {
 	return nil
 }
 
-// mkdirInRoot opens (O_PATH) the directory p inside root, creating what is
-// missing one component at a time, each in its parent as resolved inside
-// root.
-func mkdirInRoot(root int, p string) (int, error) {
+// MkdirInRoot opens (O_PATH) the directory p inside root, creating what is
+// missing (mode 0755, owned by the caller) one component at a time, each
+// in its parent as resolved inside root: symlinks stay inside the root and
+// /proc magic links are refused.
+func MkdirInRoot(root int, p string) (int, error) {
 	rel := strings.TrimPrefix(path.Clean("/"+p), "/")
 	how := inRoot
 	if fd, err := unix.Openat2(root, rel, &how); !errors.Is(err, unix.ENOENT) {

@@ -326,14 +326,14 @@ func TestMkdirInRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(rfd)
-	if fd, err := mkdirInRoot(rfd, "/dangling/x"); err == nil {
+	if fd, err := MkdirInRoot(rfd, "/dangling/x"); err == nil {
 		unix.Close(fd)
 		t.Error("dangling symlink followed")
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(root), "outside")); err == nil {
 		t.Error("created outside the root")
 	}
-	fd, err := mkdirInRoot(rfd, "/abs/a/b")
+	fd, err := MkdirInRoot(rfd, "/abs/a/b")
 	if err != nil {
 		t.Fatal(err)
 	}
