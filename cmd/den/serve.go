@@ -178,7 +178,7 @@ func cmdServe(args []string) error {
 		if err != nil {
 			return err
 		}
-		var handler http.Handler = h
+		handler := server.AsAdmin(h)
 		if !secure {
 			handler = server.WithToken(h, token)
 		}

@@ -69,7 +69,7 @@ func WithToken(h http.Handler, token string) http.Handler {
 			writeError(w, api.Errorf(api.KindUnauthorized, "missing or wrong bearer token: set DEN_TOKEN (the daemon keeps it in its data dir, file token)"))
 			return
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), AdminPrincipal)))
 	})
 }
 
