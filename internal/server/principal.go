@@ -77,7 +77,7 @@ func NewInProcess(h http.Handler) *InProcess {
 			return ctx
 		},
 	}
-	go ip.srv.Serve(ip)
+	go ip.srv.Serve(memListener{ip})
 	return ip
 }
 
@@ -109,24 +109,30 @@ func (ip *InProcess) dial(ctx context.Context, p *Principal) (net.Conn, error) {
 	}
 }
 
-// Accept implements net.Listener.
-func (ip *InProcess) Accept() (net.Conn, error) {
-	select {
-	case c := <-ip.conns:
-		return c, nil
-	case <-ip.done:
-		return nil, net.ErrClosed
-	}
-}
-
 // Close stops serving; connections in flight are closed.
 func (ip *InProcess) Close() error {
 	ip.once.Do(func() { close(ip.done) })
 	return ip.srv.Close()
 }
 
-// Addr implements net.Listener.
-func (ip *InProcess) Addr() net.Addr { return inProcessAddr{} }
+// memListener hands the server the connections Client's transports dial.
+type memListener struct{ ip *InProcess }
+
+func (l memListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ip.conns:
+		return c, nil
+	case <-l.ip.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l memListener) Close() error {
+	l.ip.once.Do(func() { close(l.ip.done) })
+	return nil
+}
+
+func (memListener) Addr() net.Addr { return inProcessAddr{} }
 
 type inProcessAddr struct{}
 
