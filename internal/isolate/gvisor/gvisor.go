@@ -50,6 +50,7 @@ type Runtime struct {
 	state    string // runsc --root
 	agentDir string // host directory holding the den binary for boxes
 	cg       cgroups
+	reap     *reaper // nil if this process cannot be a subreaper
 }
 
 // New finds runsc, chooses a platform and prepares the run directory.
@@ -72,6 +73,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, info: info, state: filepath.Join(cfg.RunDir, "state")}
 	r.cg = detectCgroups(cfg.CgroupRoot, cfg.CgroupParent)
+	r.reap = startReaper()
 	for _, d := range []string{cfg.RunDir, filepath.Join(cfg.RunDir, "boxes")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("gvisor: create %s: %w", d, err)
@@ -401,6 +403,7 @@ func (r *Runtime) launch(ctx context.Context, spec *isolate.Spec, image string) 
 		}
 		return 0, fmt.Errorf("runsc %s: %w", args[0], err)
 	}
+	r.reap.adopt()
 	pidb, err := os.ReadFile(pidFile)
 	if err != nil {
 		return 0, fmt.Errorf("runsc %s: no pid file: %w", args[0], err)

@@ -19,7 +19,6 @@ import (
 	"github.com/den-dev/den/internal/isolate/isolatetest"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -732,13 +731,6 @@ func TestMeasure(t *testing.T) {
 	rt := newRuntime(t)
 	ctx := ctxT(t, 5*time.Minute)
 	spec := testSpec(t, "gmeasure")
-	if os.Getenv("DEN_GVISOR_MEASURE") == "reap" {
-		// Reap runsc's sandboxes and gofers at once, as a host's init
-		// does (this VM's PID 1 reaps orphans about 1-2 s late, and runsc
-		// delete waits for that).
-		stopReaper := reapSandboxes()
-		defer stopReaper()
-	}
 	const n = 5
 	var start, stop time.Duration
 	for i := 0; i < n; i++ {
@@ -813,38 +805,57 @@ func TestMeasure(t *testing.T) {
 	t.Logf("idle box: checkpoint %v, restore until an exec answered %v, total %v", ck/n, rs/n, (ck+rs)/n)
 }
 
-// reapSandboxes makes the test process the subreaper of the runsc
-// sandboxes and gofers it starts and reaps them (their comm is "exe") as
-// soon as they exit.
-func reapSandboxes() func() {
-	unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			ents, _ := os.ReadDir("/proc")
-			for _, e := range ents {
-				pid, err := strconv.Atoi(e.Name())
-				if err != nil {
-					continue
-				}
-				b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-				if err != nil {
-					continue
-				}
-				s := string(b)
-				comm := s[strings.IndexByte(s, '(')+1 : strings.LastIndexByte(s, ')')]
-				f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-				if comm == "exe" && len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid()) {
-					var ws unix.WaitStatus
-					unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-				}
+
+// TestReapsSandboxes: the daemon is the subreaper of the sandboxes and
+// gofers runsc leaves behind, and reaps them as soon as they exit, so a
+// stop does not wait for the host's init.
+func TestReapsSandboxes(t *testing.T) {
+	rt := newRuntime(t)
+	if rt.reap == nil {
+		t.Skip("this process cannot be a child subreaper")
+	}
+	ctx := ctxT(t, 2*time.Minute)
+	spec := testSpec(t, "greap")
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := rt.sandboxPid(spec.ID)
+	if pid == 0 {
+		t.Fatal("no sandbox pid after Start")
+	}
+	// runsc's sandbox is adopted by this process, its subreaper.
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("\nPPid:\t%d\n", os.Getpid()); !strings.Contains(string(st), want) {
+		t.Fatalf("sandbox %d is not this process's child:\n%s", pid, st)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	t0 := time.Now()
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stop took %v", time.Since(t0))
+	for {
+		var zombies []int
+		for _, c := range children() {
+			if comm, state := procStat(c); comm == "exe" && state == "Z" {
+				zombies = append(zombies, c)
 			}
 		}
-	}()
-	return func() { close(done); unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) }
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		if len(zombies) == 0 && os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, z := range zombies {
+				st, _ := os.ReadFile("/proc/" + strconv.Itoa(z) + "/status")
+				t.Logf("zombie %d: %s", z, st)
+			}
+			t.Fatalf("after Stop: sandbox %d still in /proc (%v), zombie children %v", pid, err, zombies)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
