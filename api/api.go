@@ -111,6 +111,8 @@ type CreateRequest struct {
 	From    string        `json:"from,omitempty"`
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 	Mounts  []BindMount   `json:"mounts,omitempty"`
+	// Git clones a repository into /workspace (see GitSource).
+	Git *GitSource `json:"git,omitempty"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.

@@ -468,6 +468,12 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"VolumeRequest":   VolumeRequest{},
 		"PortRequest":     PortRequest{},
 		"Preview":         Preview{},
+		"GitSource":       GitSource{},
+		"Diff":            Diff{},
+		"DiffCommit":      DiffCommit{},
+		"DiffFile":        DiffFile{},
+		"ExportRequest":   ExportRequest{},
+		"ExportResult":    ExportResult{},
 		// The prune answer has no type in this package; pruneResult
 		// mirrors the daemon's.
 		"PruneResult": pruneResult{},
@@ -496,7 +502,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 	}
 
 	// The server rejects unknown fields in request bodies.
-	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "SecretHeader", "PullRequest", "CommitRequest", "PortRequest"} {
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "SecretHeader", "PullRequest", "CommitRequest", "PortRequest", "GitSource", "ExportRequest"} {
 		if obj(schemas[name])["additionalProperties"] != false {
 			t.Errorf("request schema %s: want additionalProperties: false", name)
 		}

@@ -176,6 +176,10 @@ func (m *Manager) close() {
 // RuntimeName is the name of the default isolation tier.
 func (m *Manager) RuntimeName() string { return m.rt.Name() }
 
+// DataDir is the daemon's data directory (git workspaces keep their
+// repositories in DataDir/git).
+func (m *Manager) DataDir() string { return m.cfg.DataDir }
+
 // Runtimes names the tiers this daemon runs, the default first.
 func (m *Manager) Runtimes() []string {
 	names := []string{m.rt.Name()}

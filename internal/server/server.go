@@ -146,6 +146,7 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/commit", s.commit)
 	h("GET /v1/events", s.events)
 	s.snapshotRoutes()
+	s.gitRoutes()
 	h("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.KindNotFound, "no route %s %s: see GET /v1/openapi.json", r.Method, r.URL.Path))
 	})
@@ -205,6 +206,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	var req api.CreateRequest
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
+		return
+	}
+	if req.Git != nil {
+		s.createGit(w, r, req)
 		return
 	}
 	sb, err := s.m.Create(r.Context(), req)

@@ -1,0 +1,236 @@
+package gitws
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/den-dev/den/api"
+)
+
+// dirInside stands in for a sandbox: its workspace is a directory of the
+// test's, packed the way the agent packs /workspace.
+type dirInside struct{ dir string }
+
+func (d dirInside) Archive(ctx context.Context) (io.ReadCloser, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(d.dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, _ := e.Info()
+		target := ""
+		if info.Mode()&fs.ModeSymlink != 0 {
+			target, _ = os.Readlink(p)
+		}
+		hdr, _ := tar.FileInfoHeader(info, target)
+		rel, _ := filepath.Rel(d.dir, p)
+		hdr.Name = "workspace/" + rel
+		if rel == "." {
+			hdr.Name = "workspace"
+		}
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		tw.WriteHeader(hdr)
+		if info.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			tw.Write(b)
+		}
+		return nil
+	})
+	tw.Close()
+	return io.NopCloser(&buf), err
+}
+
+func (d dirInside) Bundle(ctx context.Context, base string, w io.Writer) (bool, error) {
+	h, err := exec.Command("git", "-C", d.dir, "rev-parse", "HEAD").Output()
+	if err != nil || strings.TrimSpace(string(h)) == base {
+		return false, nil
+	}
+	cmd := exec.Command("git", "-C", d.dir, "bundle", "create", "--quiet", "-", base+"..HEAD")
+	cmd.Stdout = w
+	return cmd.Run() == nil, nil
+}
+
+func gitT(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"}, args...)...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %v: %v: %s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// hostRepo makes a repository with a few files on main.
+func hostRepo(t *testing.T) string {
+	t.Helper()
+	if Available() != nil {
+		t.Skip("git is not installed")
+	}
+	dir := t.TempDir()
+	gitT(t, dir, "init", "-q")
+	os.WriteFile(filepath.Join(dir, "keep.txt"), []byte("keep\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "edit.txt"), []byte("one\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "gone.txt"), []byte("gone\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "run.sh"), []byte("#!/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, ".gitignore"), []byte("*.log\nbuild/\n"), 0o644)
+	gitT(t, dir, "add", "-A")
+	gitT(t, dir, "commit", "-qm", "first")
+	return dir
+}
+
+func TestSnapshotDiffExport(t *testing.T) {
+	host := hostRepo(t)
+	ctx := context.Background()
+	st := &Store{Dir: t.TempDir()}
+	src, err := ParseSource(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, err := st.Clone(ctx, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Keep(repo, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	// The checkout, unpacked where a sandbox would have it.
+	var tb bytes.Buffer
+	if err := repo.WriteCheckout(ctx, &tb, os.Getuid(), os.Getgid()); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	untar(t, &tb, root)
+	ws := filepath.Join(root, "workspace")
+	if got := gitT(t, ws, "branch", "--show-current"); got != "den/sb1" {
+		t.Fatalf("branch inside = %q", got)
+	}
+	// A commit inside, then uncommitted changes of every kind.
+	os.WriteFile(filepath.Join(ws, "edit.txt"), []byte("two\n"), 0o644)
+	gitT(t, ws, "commit", "-qam", "inside commit")
+	os.Remove(filepath.Join(ws, "gone.txt"))
+	os.WriteFile(filepath.Join(ws, "new.bin"), []byte{0, 1, 2, 0xff, 0}, 0o644)
+	os.Chmod(filepath.Join(ws, "run.sh"), 0o755)
+	os.Symlink("/etc/passwd", filepath.Join(ws, "pw"))
+	os.WriteFile(filepath.Join(ws, "debug.log"), []byte("ignored"), 0o644)
+	os.MkdirAll(filepath.Join(ws, "build", "x"), 0o755)
+	os.WriteFile(filepath.Join(ws, "build", "x", "out.o"), []byte("ignored"), 0o644)
+	os.WriteFile(filepath.Join(ws, "we\"ird\nname"), []byte("odd"), 0o644)
+	// Planted in the sandbox's .git: must never matter.
+	os.WriteFile(filepath.Join(ws, ".git", "config"), []byte("[core]\n\tfsmonitor = touch /tmp/pwned\n"), 0o644)
+
+	snap, err := repo.Snapshot(ctx, dirInside{ws}, "uncommitted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := repo.Diff(ctx, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range d.Files {
+		got[f.Path] = f.Status
+	}
+	want := map[string]string{"edit.txt": "M", "gone.txt": "D", "new.bin": "A", "run.sh": "M", "pw": "A", "we\"ird\nname": "A"}
+	for p, s := range want {
+		if got[p] != s {
+			t.Errorf("%q: status %q, want %q (all: %v)", p, got[p], s, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("files %v, want %v", got, want)
+	}
+	if len(d.Commits) != 2 || d.Commits[0].Subject != "inside commit" || d.Commits[1].Subject != "uncommitted" {
+		t.Errorf("commits %+v", d.Commits)
+	}
+	if !bytes.Contains(d.Patch, []byte("GIT binary patch")) || !bytes.Contains(d.Patch, []byte("new mode 100755")) || !bytes.Contains(d.Patch, []byte("new file mode 120000")) {
+		t.Errorf("patch lacks binary, mode or symlink parts:\n%s", d.Patch)
+	}
+	// The patch applies to the base.
+	chk := t.TempDir()
+	gitT(t, chk, "clone", "-q", host, ".")
+	os.WriteFile(filepath.Join(chk, "p.diff"), d.Patch, 0o644)
+	gitT(t, chk, "apply", "--index", "p.diff")
+
+	res, err := repo.Export(ctx, snap, "feature", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Commits != 2 || res.Commit != snap.Head {
+		t.Errorf("export %+v", res)
+	}
+	if l := gitT(t, host, "ls-tree", "feature", "pw"); !strings.HasPrefix(l, "120000") {
+		t.Errorf("pw is not a symlink in the export: %s", l)
+	}
+	// Exporting again moves forward; the checked-out branch is refused.
+	if _, err := repo.Export(ctx, snap, "feature", false); err != nil {
+		t.Errorf("export again: %v", err)
+	}
+	if _, err := repo.Export(ctx, snap, "main", false); api.KindOf(err) != api.KindConflict {
+		t.Errorf("export to the checked-out branch: %v", err)
+	}
+}
+
+func untar(t *testing.T, r io.Reader, dir string) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, hdr.Name)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			os.MkdirAll(p, 0o755)
+		case tar.TypeSymlink:
+			os.Symlink(hdr.Linkname, p)
+		case tar.TypeReg:
+			b, _ := io.ReadAll(tr)
+			os.WriteFile(p, b, os.FileMode(hdr.Mode)&0o777)
+		}
+	}
+}
+
+func TestParseSource(t *testing.T) {
+	for _, c := range []struct {
+		in, url, host string
+		bad           bool
+	}{
+		{in: "https://example.com/x.git", url: "https://example.com/x.git"},
+		{in: "git@example.com:x.git", url: "git@example.com:x.git"},
+		{in: "/srv/repo/", url: "/srv/repo", host: "/srv/repo"},
+		{in: "file:///srv/repo", url: "/srv/repo", host: "/srv/repo"},
+		{in: "", bad: true},
+		{in: "relative/path", bad: true},
+		{in: "ext::sh -c touch% /tmp/x", bad: true},
+		{in: "-uhttps://x", bad: true},
+		{in: "ftp://example.com/x", bad: true},
+		{in: "file://otherhost/x", bad: true},
+	} {
+		s, err := ParseSource(c.in)
+		if c.bad {
+			if err == nil {
+				t.Errorf("%q: accepted as %+v", c.in, s)
+			}
+			continue
+		}
+		if err != nil || s.URL != c.url || s.HostPath != c.host {
+			t.Errorf("%q: %+v, %v", c.in, s, err)
+		}
+	}
+}

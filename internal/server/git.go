@@ -1,0 +1,242 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/gitws"
+)
+
+// Git workspaces: POST /v1/sandboxes with "git" clones a repository into
+// /workspace; diff and export read the workspace back through the agent
+// (see package gitws for why the host's git never touches the sandbox's
+// .git).
+
+func (s *Server) gitRoutes() {
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/diff", s.gitDiff)
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/export", s.gitExport)
+}
+
+func (s *Server) gitStore() *gitws.Store {
+	return &gitws.Store{Dir: filepath.Join(s.m.DataDir(), "git")}
+}
+
+// isAdmin reports whether the request acts for the daemon's administrator.
+func isAdmin(r *http.Request) bool {
+	p := PrincipalFrom(r.Context())
+	return p != nil && p.Admin
+}
+
+// createGit creates a sandbox whose /workspace is a clone of req.Git: the
+// clone is made first (a bad URL, path or branch creates nothing), then the
+// sandbox, then the checkout is unpacked inside, owned by its user.
+func (s *Server) createGit(w http.ResponseWriter, r *http.Request, req api.CreateRequest) {
+	ctx := r.Context()
+	src, err := gitws.ParseSource(req.Git.URL)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if src.HostPath != "" && !isAdmin(r) {
+		writeError(w, api.Errorf(api.KindUnauthorized, "git.url: a host path reads the host's files, which only the daemon's administrator may do; give a URL the daemon can clone"))
+		return
+	}
+	st := s.gitStore()
+	st.Prune(func(id string) bool { _, err := s.m.Get(ctx, id); return api.KindOf(err) != api.KindNotFound })
+	repo, err := st.Clone(ctx, src, req.Git.Branch)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Workdir == "" {
+		req.Workdir = gitws.WorkDir
+	}
+	sb, err := s.m.Create(ctx, req)
+	if err != nil {
+		repo.Discard()
+		writeError(w, err)
+		return
+	}
+	if err := s.populate(ctx, st, repo, sb.ID); err != nil {
+		repo.Discard()
+		st.Remove(sb.ID)
+		s.m.Remove(context.WithoutCancel(ctx), sb.ID, true)
+		writeError(w, fmt.Errorf("check out %s in the sandbox: %w", src.URL, err))
+		return
+	}
+	writeJSON(w, 201, sb)
+}
+
+// populate unpacks the checkout at the sandbox's /, as /workspace owned by
+// the uid and gid its commands run as.
+func (s *Server) populate(ctx context.Context, st *gitws.Store, repo *gitws.Repo, id string) error {
+	if err := st.Keep(repo, id); err != nil {
+		return err
+	}
+	out, err := s.insideOutput(ctx, id, "id -u; id -g", 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("find the sandbox's user: %w", err)
+	}
+	f := strings.Fields(out)
+	if len(f) != 2 {
+		return fmt.Errorf("find the sandbox's user: id said %q", out)
+	}
+	uid, err1 := strconv.Atoi(f[0])
+	gid, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return fmt.Errorf("find the sandbox's user: id said %q", out)
+	}
+	ag, _, err := s.m.Agent(ctx, id)
+	if err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(repo.WriteCheckout(ctx, pw, uid, gid)) }()
+	resp, err := ag.Do(ctx, "PUT", "/archive", url.Values{"path": {"/"}}, pr, nil)
+	pr.CloseWithError(io.ErrClosedPipe)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// insideOutput runs a shell command in the sandbox as its user and returns
+// its standard output; a non-zero exit is an error.
+func (s *Server) insideOutput(ctx context.Context, id, script string, timeout time.Duration) (string, error) {
+	var out, errb bytes.Buffer
+	st, err := s.m.Exec(ctx, id, api.ExecRequest{Shell: script, Timeout: api.Duration(timeout)}, func(typ byte, p []byte) error {
+		switch typ {
+		case api.FrameStdout:
+			if out.Len() < 1<<20 {
+				out.Write(p)
+			}
+		case api.FrameStderr:
+			if errb.Len() < 4<<10 {
+				errb.Write(p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	if st.ExitCode != 0 || st.Reason != api.ReasonExited {
+		return "", fmt.Errorf("%s: exit %d (%s): %s", script, st.ExitCode, st.Reason, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// inside reads one sandbox's workspace for a snapshot.
+type inside struct {
+	s  *Server
+	id string
+}
+
+func (in inside) Archive(ctx context.Context) (io.ReadCloser, error) {
+	ag, _, err := in.s.m.Agent(ctx, in.id)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := ag.Do(ctx, "GET", "/archive", url.Values{"path": {gitws.WorkDir}}, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// Bundle runs the sandbox's own git, inside, as its user: the bundle comes
+// out on standard output and is only ever parsed by the host's git as data.
+func (in inside) Bundle(ctx context.Context, base string, w io.Writer) (bool, error) {
+	script := fmt.Sprintf(`cd %s && h=$(git -c safe.directory='*' rev-parse --verify -q 'HEAD^{commit}') && [ "$h" != %s ] && exec git -c safe.directory='*' bundle create --quiet - %s..HEAD`, gitws.WorkDir, base, base)
+	n := 0
+	var werr error
+	st, err := in.s.m.Exec(ctx, in.id, api.ExecRequest{Shell: script, Timeout: api.Duration(10 * time.Minute)}, func(typ byte, p []byte) error {
+		if typ == api.FrameStdout && werr == nil {
+			n += len(p)
+			_, werr = w.Write(p)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return werr == nil && n > 0 && st.Reason == api.ReasonExited && st.ExitCode == 0, nil
+}
+
+// snapshot resolves the sandbox and records its workspace.
+func (s *Server) snapshot(r *http.Request, message string) (*gitws.Repo, *gitws.Snapshot, error) {
+	sb, err := s.m.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return nil, nil, err
+	}
+	repo, err := s.gitStore().Open(sb.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sb.State != api.StateRunning && sb.State != api.StatePaused && sb.State != api.StateHibernated {
+		return nil, nil, api.Errorf(api.KindConflict, "sandbox %s is %s: start it (den start) to read its workspace", sb.ID[:12], sb.State)
+	}
+	if message == "" {
+		message = "den: changes in sandbox " + sb.ID[:12]
+	}
+	snap, err := repo.Snapshot(r.Context(), inside{s, sb.ID}, message)
+	if err != nil {
+		return nil, nil, err
+	}
+	return repo, snap, nil
+}
+
+func (s *Server) gitDiff(w http.ResponseWriter, r *http.Request) {
+	repo, snap, err := s.snapshot(r, "")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	d, err := repo.Diff(r.Context(), snap)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, d)
+}
+
+func (s *Server) gitExport(w http.ResponseWriter, r *http.Request) {
+	var req api.ExportRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := gitws.CheckBranch(req.Branch); err != nil {
+		writeError(w, err)
+		return
+	}
+	if strings.ContainsRune(req.Message, 0) {
+		writeError(w, api.FieldError("message", "NUL in the message"))
+		return
+	}
+	if !isAdmin(r) {
+		writeError(w, api.Errorf(api.KindUnauthorized, "export writes to a repository on the host, which only the daemon's administrator may do; use GET .../diff for a patch"))
+		return
+	}
+	repo, snap, err := s.snapshot(r, req.Message)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := repo.Export(r.Context(), snap, req.Branch, req.Force)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, res)
+}
