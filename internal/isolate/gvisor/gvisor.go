@@ -197,6 +197,9 @@ func (r *Runtime) containerState(ctx context.Context, id string) string {
 }
 
 func (r *Runtime) containerInfo(ctx context.Context, id string) (string, int) {
+	if !r.mayKnow(id) {
+		return "", 0 // spares a runsc run (~25 ms) on every boot
+	}
 	out, err := r.runsc(ctx, nil, "state", id)
 	if err != nil {
 		return "", 0
@@ -212,6 +215,22 @@ func (r *Runtime) containerInfo(ctx context.Context, id string) (string, int) {
 		return "", 0
 	}
 	return st.Status, st.Pid
+}
+
+// mayKnow reports whether runsc's state directory has a file naming
+// container id (runsc keeps "<sandbox>_sandbox:<container>.state" and a
+// lock file there); when it has none, runsc knows no such container.
+func (r *Runtime) mayKnow(id string) bool {
+	ents, err := os.ReadDir(r.state)
+	if err != nil {
+		return true // let runsc say
+	}
+	for _, e := range ents {
+		if strings.Contains(e.Name(), id) {
+			return true
+		}
+	}
+	return false
 }
 
 // Start boots a box.
