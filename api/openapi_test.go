@@ -474,6 +474,9 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"DiffFile":        DiffFile{},
 		"ExportRequest":   ExportRequest{},
 		"ExportResult":    ExportResult{},
+		"GlobResult":      GlobResult{},
+		"GrepMatch":       GrepMatch{},
+		"GrepResult":      GrepResult{},
 		// The prune answer has no type in this package; pruneResult
 		// mirrors the daemon's.
 		"PruneResult": pruneResult{},

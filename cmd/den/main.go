@@ -55,7 +55,7 @@ func init() {
 		verbSecret, verbSecretSet, verbSecretLs, verbSecretRm,
 		verbPort, verbPortLs, verbPortRm, verbForward,
 		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
-		verbEvents, verbInfo, verbVersion, verbBench, verbServe, verbHelp,
+		verbEvents, verbInfo, verbVersion, verbBench, verbMCP, verbServe, verbHelp,
 	}
 }
 

@@ -171,6 +171,9 @@ func cmdServe(args []string) error {
 	h := server.New(m, db, log, version, rt.CgroupVersion())
 	h.SetInfo(api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil})
 
+	mcpH, stopMCP := mcpHandler(h, log)
+	defer stopMCP()
+	h.Mount("/mcp", mcpH)
 	var servers []*http.Server
 	errc := make(chan error, len(listens))
 	for _, l := range listens {

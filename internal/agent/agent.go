@@ -85,6 +85,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /files/stat", a.handleStat)
 	mux.HandleFunc("POST /files/mkdir", a.handleMkdir)
 	mux.HandleFunc("POST /files/rename", a.handleRename)
+	a.searchRoutes(mux)
 	mux.HandleFunc("GET /archive", a.handleDownload)
 	mux.HandleFunc("PUT /archive", a.handleUpload)
 	mux.HandleFunc("POST /hostname", a.handleHostname)

@@ -110,6 +110,8 @@ func (s *Server) routes() {
 	h("DELETE /v1/sandboxes/{id}/files", s.proxy("DELETE", "/files", true))
 	h("GET /v1/sandboxes/{id}/files/list", s.proxy("GET", "/files/list", true))
 	h("GET /v1/sandboxes/{id}/files/stat", s.proxy("GET", "/files/stat", true))
+	h("GET /v1/sandboxes/{id}/files/glob", s.proxy("GET", "/files/glob", false))
+	h("GET /v1/sandboxes/{id}/files/grep", s.proxy("GET", "/files/grep", false))
 	h("POST /v1/sandboxes/{id}/files/mkdir", s.proxyJSON("/files/mkdir", func() any { return new(api.MkdirRequest) }))
 	h("POST /v1/sandboxes/{id}/files/rename", s.proxyJSON("/files/rename", func() any { return new(api.RenameRequest) }))
 	h("GET /v1/sandboxes/{id}/archive", s.proxy("GET", "/archive", true))
@@ -379,7 +381,7 @@ func (s *Server) proxy(method, path string, needPath bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := url.Values{}
 		in := r.URL.Query()
-		for _, k := range []string{"path", "mode", "recursive"} {
+		for _, k := range []string{"path", "mode", "recursive", "pattern", "glob", "ignore_case", "limit"} {
 			if v, ok := in[k]; ok {
 				q[k] = v[:1]
 			}

@@ -488,8 +488,8 @@ func logTail(run string) string {
 func (r *Runtime) clean(ctx context.Context, spec *isolate.Spec) error {
 	run := r.boxRun(spec.ID)
 	var errs []error
-	if r.containerState(ctx, spec.ID) != "" {
-		if _, err := r.runsc(ctx, nil, "delete", "--force", spec.ID); err != nil {
+	if r.mayKnow(spec.ID) {
+		if _, err := r.runsc(ctx, nil, "delete", "--force", spec.ID); err != nil && r.containerState(ctx, spec.ID) != "" {
 			// runsc could not kill it: do it ourselves, then try again.
 			if pid := r.sandboxPid(spec.ID); pid > 0 {
 				syscall.Kill(pid, syscall.SIGKILL)
