@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/den-dev/den/api"
@@ -21,6 +23,7 @@ var verbCreate = &verb{
 		den create --name dev --idle-timeout 30m
 		den create --allow pypi.org --allow '*.pythonhosted.org' --max-egress 2g --bandwidth 5m
 		den create --allow api.example.com --secret-header 'api.example.com=Authorization: Bearer ${TOKEN}'
+		den create --name fix --git ~/src/app --branch main   # then den diff fix, den export fix --branch agent/fix
 		den exec "$(den create)" -- uname -a`,
 	run: cmdCreate,
 }
@@ -38,6 +41,7 @@ type sandboxOpts struct {
 	disk                       api.Size
 	volumes, mounts            []string
 	net                        netOpts
+	git, gitBranch             string
 }
 
 func (o *sandboxOpts) define(f *flagSet) {
@@ -58,6 +62,8 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(listValue{&o.volumes, checkVolume}, "volume", "v", "NAME:/PATH[:ro]", "attach a volume (den volume create; repeatable)")
 	f.Var(listValue{&o.mounts, checkMount}, "mount", "", "type=bind,src=DIR,dst=/PATH[,ro]", "bind a host directory the daemon allows (den serve --allow-mount; repeatable)")
 	f.Var(listValue{&o.labels, checkLabel}, "label", "l", "K=V", "set a label (repeatable)")
+	f.Var(stringValue{&o.git}, "git", "", "URL|PATH", "clone a repository into /workspace on a new branch den/<id> (a PATH on the daemon's host: admin only; see den diff, den export)")
+	f.Var(stringValue{&o.gitBranch}, "branch", "", "BRANCH", "with --git: the branch or tag to start from (default the repository's default branch)")
 	o.net.define(f)
 }
 
@@ -78,7 +84,14 @@ func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, err
 		bm, _ := parseMount(s)
 		mounts = append(mounts, bm)
 	}
+	var git *api.GitSource
+	if o.git != "" {
+		git = &api.GitSource{URL: gitSource(o.git), Branch: o.gitBranch}
+	} else if o.gitBranch != "" {
+		return api.CreateRequest{}, usagef(v, "--branch goes with --git URL|PATH")
+	}
 	return api.CreateRequest{
+		Git:         git,
 		Name:        o.name,
 		Image:       o.image,
 		Runtime:     o.runtime,
@@ -122,6 +135,20 @@ func cmdCreate(c *cli, v *verb, args []string) error {
 	}
 	_, err = fmt.Fprintln(c.stdout, sb.ID)
 	return err
+}
+
+// gitSource makes a local directory given to --git absolute (the daemon
+// runs elsewhere); URLs pass unchanged.
+func gitSource(s string) string {
+	if strings.Contains(s, "://") || strings.HasPrefix(s, "/") {
+		return s
+	}
+	if st, err := os.Stat(s); err == nil && st.IsDir() {
+		if abs, err := filepath.Abs(s); err == nil {
+			return abs
+		}
+	}
+	return s
 }
 
 // parseVolume reads NAME:/PATH[:ro|:rw].

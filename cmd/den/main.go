@@ -48,7 +48,7 @@ func init() {
 	verbs = []*verb{
 		verbRun, verbCreate, verbExec, verbShell, verbLs, verbInspect, verbStats, verbStop, verbStart, verbPause, verbResume, verbHibernate, verbEscalate, verbRm, verbCp,
 		verbPs, verbLogs, verbAttach, verbKill, verbWait, verbSessions, verbSessionsRm,
-		verbCommit,
+		verbCommit, verbDiff, verbExport,
 		verbSnapshot, verbSnapshotCreate, verbSnapshotLs, verbSnapshotInspect, verbSnapshotRm, verbSnapshotSave, verbSnapshotLoad, verbRestore, verbFork,
 		verbVolume, verbVolumeCreate, verbVolumeLs, verbVolumeInspect, verbVolumeRm,
 		verbNet, verbNetSet, verbNetShow, verbNetLog,

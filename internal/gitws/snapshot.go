@@ -96,6 +96,7 @@ func (r *Repo) Snapshot(ctx context.Context, in Inside, message string) (*Snapsh
 	if err != nil {
 		return nil, err
 	}
+	prev, _ := runS(ctx, r.Dir, "rev-parse", "--verify", "--quiet", "refs/den/head")
 	if err := r.importTree(ctx, spool, keep, gitlinks, parent, message); err != nil {
 		return nil, err
 	}
@@ -103,13 +104,32 @@ func (r *Repo) Snapshot(ctx context.Context, in Inside, message string) (*Snapsh
 	if err != nil {
 		return nil, err
 	}
-	same, _ := runS(ctx, r.Dir, "rev-parse", head+"^{tree}", parent+"^{tree}")
-	if f := strings.Fields(same); len(f) == 2 && f[0] == f[1] {
+	if same, _ := runS(ctx, r.Dir, "rev-parse", head+"^{tree}", parent+"^{tree}"); sameFields(same) {
 		head = parent // nothing uncommitted
-		run(ctx, r.Dir, nil, "update-ref", "refs/den/head", head)
+	} else if prev != "" && prev != parent && r.sameCommit(ctx, prev, head) {
+		head = prev // as last time: keep the commit (and its date), so exports repeat
 	}
+	run(ctx, r.Dir, nil, "update-ref", "refs/den/head", head)
 	snap.Head = head
 	return snap, nil
+}
+
+func sameFields(s string) bool {
+	f := strings.Fields(s)
+	return len(f) == 2 && f[0] == f[1]
+}
+
+// sameCommit reports whether commits a and b have the same tree, parents
+// and message (they differ only in their dates).
+func (r *Repo) sameCommit(ctx context.Context, a, b string) bool {
+	show := func(c string) string {
+		s, err := runS(ctx, r.Dir, "show", "-s", "--format=%T %P%n%B", c)
+		if err != nil {
+			return "\x00" + c
+		}
+		return s
+	}
+	return show(a) == show(b)
 }
 
 // fetchBundle carries the sandbox's commits over; it returns the sandbox's

@@ -110,11 +110,12 @@ func (s *Server) populate(ctx context.Context, st *gitws.Store, repo *gitws.Repo
 	return nil
 }
 
-// insideOutput runs a shell command in the sandbox as its user and returns
-// its standard output; a non-zero exit is an error.
+// insideOutput runs a shell command in the sandbox as its user, in / (the
+// workdir /workspace does not exist yet), and returns its standard output;
+// a non-zero exit is an error.
 func (s *Server) insideOutput(ctx context.Context, id, script string, timeout time.Duration) (string, error) {
 	var out, errb bytes.Buffer
-	st, err := s.m.Exec(ctx, id, api.ExecRequest{Shell: script, Timeout: api.Duration(timeout)}, func(typ byte, p []byte) error {
+	st, err := s.m.Exec(ctx, id, api.ExecRequest{Shell: script, Workdir: "/", Timeout: api.Duration(timeout)}, func(typ byte, p []byte) error {
 		switch typ {
 		case api.FrameStdout:
 			if out.Len() < 1<<20 {

@@ -1,0 +1,348 @@
+package server_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/server"
+)
+
+// gitHost runs git in a host repository of the test's (not a sandbox's).
+func gitHost(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=host", "-c", "user.email=host@test", "-c", "init.defaultBranch=main"}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %v: %v: %s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// newGitRepo makes a host repository: a few files on main, and a branch
+// other with one more commit.
+func newGitRepo(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git workspace tests need git (apt-get install git)")
+	}
+	dir := t.TempDir()
+	gitHost(t, dir, "init", "-q")
+	for name, body := range map[string]string{
+		"keep.txt": "keep\n", "edit.txt": "one\n", "gone.txt": "gone\n", "run.sh": "#!/bin/sh\necho run\n",
+		".gitignore": "*.log\n", "src/lib.go": "package lib\n",
+	} {
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
+		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
+	}
+	gitHost(t, dir, "add", "-A")
+	gitHost(t, dir, "commit", "-qm", "first")
+	gitHost(t, dir, "checkout", "-qb", "other")
+	os.WriteFile(filepath.Join(dir, "other.txt"), []byte("other\n"), 0o644)
+	gitHost(t, dir, "add", "-A")
+	gitHost(t, dir, "commit", "-qm", "on other")
+	gitHost(t, dir, "checkout", "-q", "main")
+	return dir
+}
+
+// hostState is what export must leave alone: HEAD, the index file and the
+// working tree's status.
+func hostState(t *testing.T, dir string) string {
+	t.Helper()
+	idx, _ := os.ReadFile(filepath.Join(dir, ".git", "index"))
+	return gitHost(t, dir, "rev-parse", "HEAD") + " " + gitHost(t, dir, "symbolic-ref", "HEAD") + " " +
+		gitHost(t, dir, "status", "--porcelain", "--ignored") + " " + fmt.Sprintf("%x", sha256.Sum256(idx))
+}
+
+func TestGitWorkspace(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{User: "1000:1000", Git: &api.GitSource{URL: host}})
+	if sb.Workdir != "/workspace" {
+		t.Errorf("workdir %q, want /workspace", sb.Workdir)
+	}
+	// The checkout is the sandbox user's, on its own branch, with a .git
+	// the agent can use.
+	out := e.sh(t, sb.ID, `cd /workspace && git branch --show-current && stat -c %u:%g . .git edit.txt && cat keep.txt && git status --porcelain`)
+	want := "den/" + sb.ID + "\n1000:1000\n1000:1000\n1000:1000\nkeep\n"
+	if out.ExitCode != 0 || string(out.Stdout) != want {
+		t.Fatalf("inside: %d %q %s, want %q", out.ExitCode, out.Stdout, out.Stderr, want)
+	}
+	// A commit inside, then changes of every kind left uncommitted.
+	out = e.sh(t, sb.ID, `cd /workspace && echo two > edit.txt && git -c user.name=agent -c user.email=agent@test commit -qam 'agent: edit' &&
+		rm gone.txt && printf '\000\001\002\377' > new.bin && chmod +x run.sh && ln -s /etc/passwd pw &&
+		echo noise > debug.log && echo 'package lib // changed' > src/lib.go`)
+	if out.ExitCode != 0 {
+		t.Fatalf("change the workspace: %s", out.Stderr)
+	}
+	d, err := e.c.Diff(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range d.Files {
+		got[f.Path] = f.Status
+	}
+	wantFiles := map[string]string{"edit.txt": "M", "gone.txt": "D", "new.bin": "A", "run.sh": "M", "pw": "A", "src/lib.go": "M"}
+	if len(got) != len(wantFiles) {
+		t.Errorf("changed files %v, want %v", got, wantFiles)
+	}
+	for p, s := range wantFiles {
+		if got[p] != s {
+			t.Errorf("%s: status %q, want %q", p, got[p], s)
+		}
+	}
+	if len(d.Commits) != 2 || d.Commits[0].Subject != "agent: edit" {
+		t.Errorf("commits %+v, want the agent's and one for the uncommitted changes", d.Commits)
+	}
+	for _, part := range []string{"GIT binary patch", "new mode 100755", "new file mode 120000", "deleted file mode 100644", "+/etc/passwd"} {
+		if !strings.Contains(string(d.Patch), part) {
+			t.Errorf("the patch lacks %q:\n%s", part, d.Patch)
+		}
+	}
+	// The patch applies to the base, in another clone.
+	chk := t.TempDir()
+	gitHost(t, chk, "clone", "-q", host, ".")
+	os.WriteFile(filepath.Join(chk, ".git", "p.diff"), d.Patch, 0o644)
+	gitHost(t, chk, "apply", "--index", ".git/p.diff")
+
+	before := hostState(t, host)
+	res, err := e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: "agent/feature", Message: "wip from the sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Commits != 2 || res.Previous != "" || res.Repository != host {
+		t.Errorf("export: %+v", res)
+	}
+	if after := hostState(t, host); after != before {
+		t.Errorf("export touched the host's HEAD, index or working tree:\n%s\n%s", before, after)
+	}
+	// The branch's tree is the workspace's: same files, modes and symlink.
+	if tree, wantTree := gitHost(t, host, "rev-parse", "agent/feature^{tree}"), gitHost(t, chk, "write-tree"); tree != wantTree {
+		t.Errorf("exported tree %s, the patched clone's %s", tree, wantTree)
+	}
+	if s := gitHost(t, host, "log", "--format=%s", "main..agent/feature"); s != "wip from the sandbox\nagent: edit" {
+		t.Errorf("exported commits: %q", s)
+	}
+	if l := gitHost(t, host, "ls-tree", "agent/feature", "pw", "run.sh", "debug.log"); !strings.Contains(l, "120000 blob") || !strings.Contains(l, "100755 blob") || strings.Contains(l, "debug.log") {
+		t.Errorf("modes in the export: %s", l)
+	}
+
+	// Again, nothing new: the same commits, so the branch stays where it is.
+	if again, err := e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: "agent/feature", Message: "wip from the sandbox"}); err != nil || again.Commit != res.Commit {
+		t.Errorf("export again: %+v %v, want commit %s", again, err, res.Commit)
+	}
+	// other has a commit the workspace lacks: refused, unless forced.
+	_, err = e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: "other"})
+	wantKind(t, err, api.KindConflict)
+	if res, err := e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: "other", Force: true}); err != nil || res.Previous == "" {
+		t.Errorf("forced export: %+v %v", res, err)
+	}
+	// Bad export requests.
+	_, err = e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: "bad..name"})
+	wantKind(t, err, api.KindInvalid)
+	_, err = e.c.Export(ctx, sb.ID, api.ExportRequest{})
+	wantKind(t, err, api.KindInvalid)
+	// A sandbox without a workspace.
+	plain := e.create(t, api.CreateRequest{})
+	_, err = e.c.Diff(ctx, plain.ID)
+	wantKind(t, err, api.KindInvalid)
+}
+
+func TestGitExportCheckedOutBranch(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	sb := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: host, Branch: "other"}})
+	if out := e.sh(t, sb.ID, "cd /workspace && cat other.txt && echo x >> keep.txt"); out.ExitCode != 0 || string(out.Stdout) != "other\n" {
+		t.Fatalf("checkout of branch other: %q %s", out.Stdout, out.Stderr)
+	}
+	before := hostState(t, host)
+	_, err := e.c.Export(context.Background(), sb.ID, api.ExportRequest{Branch: "main", Force: true})
+	if ae := wantKind(t, err, api.KindConflict); !strings.Contains(ae.Message, "checked out") {
+		t.Errorf("message %q does not say why", ae.Message)
+	}
+	if after := hostState(t, host); after != before {
+		t.Errorf("a refused export changed the host repository")
+	}
+}
+
+func TestGitCreateBadURL(t *testing.T) {
+	e := newGitEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // a port that answers nothing git wants
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+			c.Close()
+		}
+	}()
+	defer ln.Close()
+	_, err = e.c.Create(context.Background(), api.CreateRequest{Git: &api.GitSource{URL: "http://" + ln.Addr().String() + "/nope.git"}})
+	if ae := wantKind(t, err, api.KindInvalid); ae.Field != "git.url" || !strings.Contains(ae.Message, "clone") {
+		t.Errorf("error %+v", ae)
+	}
+	for _, bad := range []string{"ext::sh -c touch% /tmp/den-ext-pwned", "relative/dir", "ftp://example.com/x.git", ""} {
+		_, err = e.c.Create(context.Background(), api.CreateRequest{Git: &api.GitSource{URL: bad}})
+		wantKind(t, err, api.KindInvalid)
+	}
+	if all, _ := e.c.List(context.Background(), nil); len(all) != 0 {
+		t.Errorf("failed creates left %d sandboxes", len(all))
+	}
+}
+
+func TestGitCreateNotARepository(t *testing.T) {
+	e := newGitEnv(t)
+	newGitRepo(t) // skips without git
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "file"), []byte("x"), 0o644)
+	for _, p := range []string{dir, filepath.Join(dir, "file"), filepath.Join(dir, "missing")} {
+		_, err := e.c.Create(context.Background(), api.CreateRequest{Git: &api.GitSource{URL: p}})
+		if ae := wantKind(t, err, api.KindInvalid); ae.Field != "git.url" {
+			t.Errorf("%s: field %q", p, ae.Field)
+		}
+	}
+	if all, _ := e.c.List(context.Background(), nil); len(all) != 0 {
+		t.Errorf("failed creates left %d sandboxes", len(all))
+	}
+}
+
+func TestGitCreateMissingBranch(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	_, err := e.c.Create(context.Background(), api.CreateRequest{Git: &api.GitSource{URL: "file://" + host, Branch: "no-such-branch"}})
+	if ae := wantKind(t, err, api.KindInvalid); ae.Field != "git.branch" || !strings.Contains(ae.Message, "other") {
+		t.Errorf("error %+v: want field git.branch and the branches there are", ae)
+	}
+	_, err = e.c.Create(context.Background(), api.CreateRequest{Git: &api.GitSource{URL: host, Branch: "--upload-pack=touch"}})
+	wantKind(t, err, api.KindInvalid)
+}
+
+// clientAs serves e's manager on another socket with every request acting
+// for p (host paths and export are the admin's).
+func clientAs(t *testing.T, e *env, p *server.Principal) *client.Client {
+	t.Helper()
+	sock := filepath.Join(e.data, fmt.Sprintf("as-%p.sock", p))
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(e.m, e.db, slog.New(slog.NewTextHandler(io.Discard, nil)), "test", e.rt.CgroupVersion())
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		srv.ServeHTTP(w, r.WithContext(server.WithPrincipal(r.Context(), p)))
+	})}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return client.New("unix://" + sock)
+}
+
+// newGitEnv is newEnv whose client acts for the admin.
+func newGitEnv(t *testing.T) *env {
+	e := newEnv(t)
+	e.c = clientAs(t, e, server.AdminPrincipal)
+	return e
+}
+
+// Host paths read the host's files: a scoped (non-admin) principal is refused.
+func TestGitHostPathAdminOnly(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	c := clientAs(t, e, &server.Principal{TokenID: "tok-test", Name: "scoped"})
+	for _, u := range []string{host, "file://" + host} {
+		_, err := c.Create(context.Background(), api.CreateRequest{Git: &api.GitSource{URL: u}})
+		wantKind(t, err, api.KindUnauthorized)
+	}
+}
+
+// The sandbox's .git is hostile: a config and hooks planted there (and
+// attributes naming filters and diff drivers) never run on the host.
+func TestGitHostileWorkspace(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	marker := filepath.Join(t.TempDir(), "pwned")
+	sb := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: host}})
+	cmd := "touch " + marker
+	script := `cd /workspace && cat > .git/config <<EOF
+[core]
+	repositoryformatversion = 0
+	bare = false
+	fsmonitor = "` + cmd + `"
+	hooksPath = .git/hooks
+	sshCommand = "` + cmd + `"
+	pager = "` + cmd + `"
+[diff "evil"]
+	command = "` + cmd + `"
+	textconv = "` + cmd + `"
+[filter "evil"]
+	clean = "` + cmd + `"
+	smudge = "` + cmd + `"
+	process = "` + cmd + `"
+[uploadpack]
+	packObjectsHook = "` + cmd + `"
+EOF
+for h in pre-commit post-commit reference-transaction post-checkout pre-push fsmonitor-watchman post-index-change; do
+	printf '#!/bin/sh\n` + cmd + `\n' > .git/hooks/$h && chmod +x .git/hooks/$h
+done
+printf '* diff=evil filter=evil\n' > .gitattributes && echo changed >> keep.txt`
+	if out := e.sh(t, sb.ID, script); out.ExitCode != 0 {
+		t.Fatalf("plant: %s", out.Stderr)
+	}
+	d, err := e.c.Diff(context.Background(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(d.Patch), "+changed") {
+		t.Errorf("the diff lacks the change:\n%s", d.Patch)
+	}
+	if _, err := e.c.Export(context.Background(), sb.ID, api.ExportRequest{Branch: "hostile"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a command planted in the sandbox's .git ran on the host")
+	}
+	// The planted .git never reaches the export; .gitattributes is just a file.
+	if l := gitHost(t, host, "ls-tree", "-r", "--name-only", "hostile"); strings.Contains(l, ".git/") || !strings.Contains(l, ".gitattributes") {
+		t.Errorf("exported files: %s", l)
+	}
+}
+
+// A symlink in the workspace is exported as a symlink, never followed on
+// the host.
+func TestGitSymlinkExport(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	sb := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: host}})
+	if out := e.sh(t, sb.ID, "cd /workspace && ln -s /etc/passwd passwd && ln -s ../../../../etc/shadow src/up"); out.ExitCode != 0 {
+		t.Fatal(string(out.Stderr))
+	}
+	if _, err := e.c.Export(context.Background(), sb.ID, api.ExportRequest{Branch: "links"}); err != nil {
+		t.Fatal(err)
+	}
+	for p, target := range map[string]string{"passwd": "/etc/passwd", "src/up": "../../../../etc/shadow"} {
+		if l := gitHost(t, host, "ls-tree", "links", p); !strings.HasPrefix(l, "120000 blob") {
+			t.Errorf("%s: %s, want a symlink", p, l)
+		}
+		if got := gitHost(t, host, "cat-file", "-p", "links:"+p); got != target {
+			t.Errorf("%s points at %q, want %q", p, got, target)
+		}
+	}
+}
