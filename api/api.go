@@ -59,6 +59,9 @@ type Sandbox struct {
 	// sandbox it was forked from.
 	From   string `json:"from,omitempty"`
 	ForkOf string `json:"fork_of,omitempty"`
+	// Owner is the id of the scoped token that created the sandbox (and
+	// alone may use it, besides the admin); empty for the admin's.
+	Owner string `json:"owner,omitempty"`
 	// DiskUsed is the bytes the sandbox's writable layer holds (as of the
 	// last reading).
 	DiskUsed Size `json:"disk_used,omitempty"`

@@ -468,6 +468,8 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"VolumeRequest":   VolumeRequest{},
 		"PortRequest":     PortRequest{},
 		"Preview":         Preview{},
+		"Token":           Token{},
+		"TokenRequest":    TokenRequest{},
 		"GitSource":       GitSource{},
 		"Diff":            Diff{},
 		"DiffCommit":      DiffCommit{},

@@ -22,7 +22,9 @@ type Snapshot struct {
 	ID      string `json:"id"`
 	Name    string `json:"name,omitempty"`
 	Sandbox string `json:"sandbox"` // the sandbox it was taken of
-	Image   string `json:"image"`
+	// Owner is the scoped token whose snapshot it is; empty for the admin's.
+	Owner string `json:"owner,omitempty"`
+	Image string `json:"image"`
 	// Size is the bytes the snapshot's files hold.
 	Size Size `json:"size"`
 	// Digest is the digest of the checksum manifest (every file's path,
@@ -83,6 +85,8 @@ type Volume struct {
 	CreatedAt time.Time `json:"created_at"`
 	// UsedBy lists the sandboxes that mount it.
 	UsedBy []string `json:"used_by,omitempty"`
+	// Owner is the scoped token whose volume it is; empty for the admin's.
+	Owner string `json:"owner,omitempty"`
 }
 
 // VolumeRequest is the body of POST /v1/volumes.

@@ -53,6 +53,7 @@ func init() {
 		verbVolume, verbVolumeCreate, verbVolumeLs, verbVolumeInspect, verbVolumeRm,
 		verbNet, verbNetSet, verbNetShow, verbNetLog,
 		verbSecret, verbSecretSet, verbSecretLs, verbSecretRm,
+		verbToken, verbTokenCreate, verbTokenLs, verbTokenRm,
 		verbPort, verbPortLs, verbPortRm, verbForward,
 		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
 		verbEvents, verbInfo, verbVersion, verbBench, verbMCP, verbServe, verbHelp,
@@ -198,9 +199,15 @@ func kindHint(v *verb, e *api.Error) string {
 		if strings.HasPrefix(name, "secret") {
 			return "run `den secret ls` to see the secrets"
 		}
+		if strings.HasPrefix(name, "token") {
+			return "run `den token ls` to see the tokens"
+		}
 		return "run `den ls` to see sandboxes"
 	case api.KindUnauthorized:
-		return "set DEN_TOKEN to the daemon's token (the file token in its data directory, /var/lib/den/token by default)"
+		if strings.Contains(e.Message, "admin") {
+			return "this needs the admin's credentials: the root-only unix socket, or the daemon's own token"
+		}
+		return "set DEN_TOKEN to the daemon's token (the file token in its data directory, /var/lib/den/token by default) or to a scoped token from `den token create`"
 	case api.KindConflict:
 		switch name {
 		case "rm":

@@ -183,7 +183,7 @@ func cmdServe(args []string) error {
 		}
 		handler := server.AsAdmin(h)
 		if !secure {
-			handler = server.WithToken(h, token)
+			handler = h.Authenticate(h, token) // the admin token or a scoped one (den token)
 		}
 		handler = h.PreviewHost(*previewDomain, handler)
 		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 1 << 20}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 
@@ -185,7 +186,7 @@ func (s *server) writeFile(ctx context.Context, req *sdk.CallToolRequest, in wri
 			return nil, fileOut{}, fmt.Errorf("invalid: mode %q is not octal permissions like 0644", in.Mode)
 		}
 		mode = client.FileMode(uint32(m))
-	} else if fi, err := c.Stat(ctx, id, in.Path); err == nil && fi.Type == "file" {
+	} else if fi, err := statFollow(ctx, c, id, in.Path); err == nil && fi.Type == "file" {
 		mode = client.FileMode(fi.Mode) // keep an existing file's mode
 	}
 	fi, err := c.WriteFile(ctx, id, in.Path, strings.NewReader(in.Content), mode)
@@ -227,7 +228,7 @@ func (s *server) editFile(ctx context.Context, req *sdk.CallToolRequest, in edit
 	case want == 0:
 		want = 1
 	}
-	fi, err := c.Stat(ctx, id, in.Path)
+	fi, err := statFollow(ctx, c, id, in.Path)
 	if err != nil {
 		return nil, editOut{}, toolError(err)
 	}
@@ -237,7 +238,7 @@ func (s *server) editFile(ctx context.Context, req *sdk.CallToolRequest, in edit
 	if fi.Size > editMaxBytes {
 		return nil, editOut{}, fmt.Errorf("too_large: %s has %d bytes; edit_file rewrites files up to %d (use exec with sed or patch)", in.Path, fi.Size, editMaxBytes)
 	}
-	rc, err := c.ReadFile(ctx, id, in.Path)
+	rc, err := c.ReadFile(ctx, id, fi.Path)
 	if err != nil {
 		return nil, editOut{}, toolError(err)
 	}
@@ -257,10 +258,28 @@ func (s *server) editFile(ctx context.Context, req *sdk.CallToolRequest, in edit
 	}
 	firstLine := strings.Count(text[:strings.Index(text, in.OldString)], "\n") + 1
 	updated := strings.ReplaceAll(text, in.OldString, in.NewString)
-	if _, err := c.WriteFile(ctx, id, in.Path, bytes.NewReader([]byte(updated)), client.FileMode(fi.Mode)); err != nil {
+	if _, err := c.WriteFile(ctx, id, fi.Path, bytes.NewReader([]byte(updated)), client.FileMode(fi.Mode)); err != nil {
 		return nil, editOut{}, toolError(err)
 	}
 	return nil, editOut{Path: in.Path, Replacements: n, FirstLine: firstLine}, nil
+}
+
+// statFollow describes the file p names, following symlinks (each one
+// resolved inside the sandbox by the daemon, like every path), so an edit
+// of a link changes its target and keeps the target's mode.
+func statFollow(ctx context.Context, c *client.Client, id, p string) (*api.FileInfo, error) {
+	for hops := 0; ; hops++ {
+		fi, err := c.Stat(ctx, id, p)
+		if err != nil || fi.Type != "symlink" {
+			return fi, err
+		}
+		if hops == 40 {
+			return nil, fmt.Errorf("invalid: %s: too many levels of symbolic links", p)
+		}
+		if p = fi.Target; !path.IsAbs(p) {
+			p = path.Join(path.Dir(fi.Path), p)
+		}
+	}
 }
 
 // lineList names the lines where sub starts in text (at most max of them).

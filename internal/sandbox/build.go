@@ -206,6 +206,10 @@ func (m *Manager) layerStep(ctx context.Context, req BuildRequest, cur *api.Imag
 	}
 	key := build.CacheKey(cur.ID, ins, inputs)
 	cacheName := cachePrefix + key[:32]
+	if o := ScopeFrom(ctx).owner(); o != "" {
+		// A token's steps ran in sandboxes it controls: its cache is its own.
+		cacheName = cachePrefix + o + "-" + key[:32]
+	}
 	if !req.NoCache {
 		if img, err := m.Image(ctx, cacheName); err == nil && img.ID != "" {
 			fmt.Fprintf(out, " ---> using cache %s\n", shortDigest(img.ID))

@@ -175,6 +175,13 @@ func (m *Manager) putImage(ctx context.Context, img *api.Image) error {
 	if img.Name == HostImage {
 		return api.FieldError("name", "\"host\" is the built-in image")
 	}
+	if sc := ScopeFrom(ctx); !sc.IsAdmin() && !strings.HasPrefix(img.Name, cachePrefix+sc.owner()+"-") {
+		// Images are shared: a token adds new ones but never replaces
+		// one that others may run.
+		if _, err := m.db.GetImage(ctx, img.Name); err == nil {
+			return api.Errorf(api.KindConflict, "image %q already exists and only the admin replaces images: pick another name", img.Name)
+		}
+	}
 	if users, err := m.db.ImageInUse(ctx, img.Name); err != nil {
 		return err
 	} else if len(users) > 0 {

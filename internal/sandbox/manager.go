@@ -86,6 +86,7 @@ type Manager struct {
 	attrBuckets map[string]*bucket       // attribution rations
 	slots       map[int]string           // id range slot → sandbox id
 	locks       map[string]*sync.Mutex   // one lifecycle operation at a time per sandbox
+	adm         admission                // per-owner quota checks
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}
@@ -278,7 +279,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		}
 		known[rec.ID] = true
 		m.slots[(rec.UIDBase-uidStart)/65536] = rec.ID
-		m.setNetPolicy(rec.ID, rec.Network)
+		m.setNetPolicy(rec.ID, rec.Owner, rec.Network)
 		if rec.State == stateWarm { // a pool left by a daemon that died
 			m.db.DeleteSandbox(ctx, rec.ID)
 			m.teardown(rec, nil)
@@ -350,24 +351,51 @@ func (m *Manager) put(ctx context.Context, rec *record) error {
 	return err
 }
 
+// get finds a sandbox by id, unique id prefix or name among those the
+// request's scope sees: any other is not_found, as if it did not exist.
 func (m *Manager) get(ctx context.Context, id string) (*record, error) {
 	if id == "" {
 		return nil, api.FieldError("id", "missing sandbox id")
 	}
+	sc := ScopeFrom(ctx)
 	s, err := m.db.GetSandbox(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, api.Errorf(api.KindNotFound, "no sandbox %q", id)
+	case errors.Is(err, store.ErrConflict) && !sc.IsAdmin():
+		return m.getPrefix(ctx, sc, id)
 	case errors.Is(err, store.ErrConflict):
 		return nil, api.Errorf(api.KindConflict, "%v: use more of the id", err)
 	case err != nil:
 		return nil, err
 	}
 	rec, err := decodeRecord(s)
-	if err == nil && rec.State == stateWarm {
+	if err == nil && (rec.State == stateWarm || !sc.Sees(rec.ID, rec.Owner)) {
 		return nil, api.Errorf(api.KindNotFound, "no sandbox %q", id)
 	}
 	return rec, err
+}
+
+// getPrefix resolves an id prefix that matches several sandboxes among
+// those sc sees only, so a scoped request learns nothing of the others.
+func (m *Manager) getPrefix(ctx context.Context, sc *Scope, prefix string) (*record, error) {
+	all, err := m.db.ListSandboxes(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	var found []*record
+	for _, s := range all {
+		if rec, err := decodeRecord(s); err == nil && rec.State != stateWarm && strings.HasPrefix(rec.ID, prefix) && sc.Sees(rec.ID, rec.Owner) {
+			found = append(found, rec)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, api.Errorf(api.KindNotFound, "no sandbox %q", prefix)
+	case 1:
+		return found[0], nil
+	}
+	return nil, api.Errorf(api.KindConflict, "sandbox id prefix %q is ambiguous: use more of the id", prefix)
 }
 
 func (m *Manager) event(sandbox, typ string, data any) {
@@ -499,6 +527,10 @@ func (m *Manager) freeSlot(base int) {
 
 // Create makes and starts a sandbox.
 func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandbox, error) {
+	sc := ScopeFrom(ctx)
+	if err := mayCreate(ctx); err != nil {
+		return nil, err
+	}
 	if err := validateCreate(&req); err != nil {
 		return nil, err
 	}
@@ -508,6 +540,12 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		if snap, err = m.fromSnapshot(ctx, &req); err != nil {
 			return nil, err
 		}
+	}
+	if err := sc.applyCaps(&req.Limits); err != nil {
+		return nil, err
+	}
+	if len(req.Mounts) > 0 && !sc.IsAdmin() {
+		return nil, api.FieldError("mounts", "host directories are mounted for the admin only: use a volume (den volume create)")
 	}
 	if req.Image == "" {
 		req.Image = HostImage
@@ -525,7 +563,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	if req.Network != nil {
-		if _, err := m.policyFor(ctx, *req.Network); err != nil {
+		if _, err := m.policyFor(ctx, sc.owner(), *req.Network); err != nil {
 			return nil, err
 		}
 		if networked(*req.Network) && m.cfg.Egress == nil {
@@ -536,6 +574,11 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
+	admitted, err := m.admit(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	if img.Name == HostImage && rt == m.rt && snap == nil && req.Limits.Disk == 0 && len(req.Volumes) == 0 && len(req.Mounts) == 0 && (req.Network == nil || !networked(*req.Network)) {
 		if sb, err, ok := m.claim(ctx, &req); ok {
 			return sb, err
@@ -547,7 +590,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	rec := &record{Sandbox: api.Sandbox{ID: id, Image: img.Name, Runtime: rt.Name(), State: api.StateCreating}, UIDBase: uidStart + slot*65536}
-	m.applyRequest(rec, &req)
+	m.applyRequest(rec, &req, sc.owner())
 	unlock := m.lock(id)
 	defer unlock()
 	if snap != nil {
@@ -557,6 +600,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		m.freeSlot(rec.UIDBase)
 		return nil, err
 	}
+	admitted()
 	dir := filepath.Join(m.sandboxesDir(), id)
 	err = func() error {
 		if snap != nil {
@@ -628,7 +672,7 @@ func (m *Manager) boot(ctx context.Context, rec *record) error {
 func (m *Manager) booted(ctx context.Context, rec *record, spec *isolate.Spec, b isolate.Box, restored bool) error {
 	rec.Error = ""
 	rec.State, rec.Pid, rec.StartedAt = api.StateRunning, b.Pid(), time.Now().UTC()
-	m.setNetPolicy(rec.ID, rec.Network)
+	m.setNetPolicy(rec.ID, rec.Owner, rec.Network)
 	rec.Address = ""
 	if spec.Net {
 		if a, err := m.cfg.Egress.SlotAddr(spec.NetSlot); err == nil {
@@ -710,8 +754,9 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]*api.Sa
 		return nil, err
 	}
 	out := make([]*api.Sandbox, 0, len(all))
+	sc := ScopeFrom(ctx)
 	for _, s := range all {
-		if rec, err := decodeRecord(s); err == nil && rec.State != stateWarm {
+		if rec, err := decodeRecord(s); err == nil && rec.State != stateWarm && sc.Sees(rec.ID, rec.Owner) {
 			out = append(out, &rec.Sandbox)
 		}
 	}
@@ -908,8 +953,9 @@ func (m *Manager) limits(l api.Limits) api.Limits {
 }
 
 // applyRequest fills rec from a create request.
-func (m *Manager) applyRequest(rec *record, req *api.CreateRequest) {
+func (m *Manager) applyRequest(rec *record, req *api.CreateRequest, owner string) {
 	now := time.Now().UTC()
+	rec.Owner = owner
 	rec.Name, rec.Labels, rec.Env, rec.Workdir, rec.User = req.Name, req.Labels, req.Env, req.Workdir, req.User
 	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
 	rec.IdleTimeout, rec.IdleAction = req.IdleTimeout, req.IdleAction
@@ -962,7 +1008,7 @@ func (m *Manager) claim(ctx context.Context, req *api.CreateRequest) (*api.Sandb
 	default:
 	}
 	pooledHost, pooledLimits := rec.Hostname, rec.Limits
-	m.applyRequest(rec, req)
+	m.applyRequest(rec, req, ScopeFrom(ctx).owner())
 	rec.State, rec.StartedAt = api.StateRunning, rec.CreatedAt
 	err := func() error {
 		if rec.Limits != pooledLimits {
@@ -1026,7 +1072,7 @@ func (m *Manager) bootPooled() (*pooled, error) {
 		return nil, err
 	}
 	rec := &record{Sandbox: api.Sandbox{ID: id, Image: HostImage, Runtime: m.rt.Name(), State: stateWarm}, UIDBase: uidStart + slot*65536}
-	m.applyRequest(rec, &api.CreateRequest{})
+	m.applyRequest(rec, &api.CreateRequest{}, "")
 	rec.State = stateWarm
 	if err := m.put(ctx, rec); err != nil {
 		m.freeSlot(rec.UIDBase)

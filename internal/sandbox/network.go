@@ -82,13 +82,13 @@ func (m *Manager) NetEvent(ev egress.Event) {
 }
 
 // policyFor is the proxy's policy for a sandbox: secrets expanded.
-func (m *Manager) policyFor(ctx context.Context, p api.NetworkPolicy) (egress.Policy, error) {
+func (m *Manager) policyFor(ctx context.Context, owner string, p api.NetworkPolicy) (egress.Policy, error) {
 	pol, err := toPolicy(p)
 	if err != nil {
 		return pol, err
 	}
 	for i, sh := range p.SecretHeaders {
-		v, err := m.expandSecret(ctx, sh.Value)
+		v, err := m.expandSecret(ctx, owner, sh.Value)
 		if err != nil {
 			return pol, err
 		}
@@ -97,8 +97,8 @@ func (m *Manager) policyFor(ctx context.Context, p api.NetworkPolicy) (egress.Po
 	return pol, nil
 }
 
-func (m *Manager) setNetPolicy(id string, p api.NetworkPolicy) {
-	pol, err := m.policyFor(context.Background(), p)
+func (m *Manager) setNetPolicy(id, owner string, p api.NetworkPolicy) {
+	pol, err := m.policyFor(context.Background(), owner, p)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil || !networked(p) {
@@ -170,7 +170,11 @@ func (m *Manager) netReady(ctx context.Context, id string, p api.NetworkPolicy, 
 
 // SetNetwork changes a sandbox's egress policy, live.
 func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy) (*api.Sandbox, error) {
-	if _, err := m.policyFor(ctx, p); err != nil {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := m.policyFor(ctx, rec.Owner, p); err != nil {
 		return nil, err
 	}
 	if p.Mode == "" {
@@ -179,10 +183,6 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy
 	if networked(p) && m.cfg.Egress == nil {
 		return nil, api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking")
 	}
-	rec, err := m.get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
 	unlock := m.lock(rec.ID)
 	defer unlock()
 	if rec, err = m.get(ctx, rec.ID); err != nil {
@@ -190,7 +190,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy
 	}
 	was := networked(rec.Network)
 	rec.Network = p
-	m.setNetPolicy(rec.ID, p)
+	m.setNetPolicy(rec.ID, rec.Owner, p)
 	if b := m.box(rec.ID); b != nil && was != networked(p) {
 		nw, ok := b.(isolate.Networker)
 		if !ok {

@@ -39,55 +39,97 @@ func validSecretName(n string) bool {
 	return true
 }
 
-// expandSecret resolves ${NAME} references: den's secret store first,
-// then the daemon's environment.
-func (m *Manager) expandSecret(ctx context.Context, v string) (string, error) {
+// expandSecret resolves ${NAME} references for a sandbox of owner: the
+// owner's own secrets first, then (for the admin's sandboxes only) the
+// daemon's environment. A token's sandbox never reaches the admin's or
+// another token's secrets, nor the daemon's environment.
+func (m *Manager) expandSecret(ctx context.Context, owner, v string) (string, error) {
 	var missing []string
 	out := secretRef.ReplaceAllStringFunc(v, func(ref string) string {
 		name := ref[2 : len(ref)-1]
-		if b, err := m.db.GetSecret(ctx, name); err == nil {
+		if b, err := m.db.GetSecret(ctx, secretKey(owner, name)); err == nil {
 			return string(b)
 		}
-		if e, ok := os.LookupEnv(name); ok {
+		if e, ok := os.LookupEnv(name); ok && owner == "" {
 			return e
 		}
 		missing = append(missing, name)
 		return ""
 	})
+	if len(missing) > 0 && owner != "" {
+		return "", api.FieldError("network.secret_headers", "secret %s not found: den secret set %s (with this token)", missing[0], missing[0])
+	}
 	if len(missing) > 0 {
 		return "", api.FieldError("network.secret_headers", "secret %s not found: den secret set %s, or set it in the daemon's environment", missing[0], missing[0])
 	}
 	return out, nil
 }
 
-// SetSecret stores a secret in den's secret store.
+// secretOwner is whose secrets a request reads and writes: the admin's
+// (""), or its token's. A request narrowed to one sandbox has none.
+func secretOwner(ctx context.Context) (string, error) {
+	sc := ScopeFrom(ctx)
+	if sc != nil && sc.Sandbox != "" {
+		return "", api.Errorf(api.KindUnauthorized, "this credential is for sandbox %s only: it has no secrets", short(sc.Sandbox))
+	}
+	return sc.owner(), nil
+}
+
+// SetSecret stores a secret in the secret store of the request's owner.
 func (m *Manager) SetSecret(ctx context.Context, name string, value []byte) error {
+	owner, err := secretOwner(ctx)
+	if err != nil {
+		return err
+	}
 	if !validSecretName(name) {
 		return api.FieldError("name", "%q: use letters, digits and _ (like an environment variable)", name)
 	}
 	if len(value) == 0 || len(value) > 64<<10 {
 		return api.FieldError("value", "a secret is 1 byte to 64 KiB")
 	}
-	if err := m.db.PutSecret(ctx, name, value); err != nil {
+	if err := m.db.PutSecret(ctx, secretKey(owner, name), value); err != nil {
 		return err
 	}
-	m.event("", "secret.set", map[string]any{"name": name})
+	m.event("", "secret.set", map[string]any{"name": name, "owner": owner})
 	m.refreshPolicies(ctx)
 	return nil
 }
 
-// Secrets lists the secret store's names (never values).
-func (m *Manager) Secrets(ctx context.Context) ([]string, error) { return m.db.SecretNames(ctx) }
-
-// DeleteSecret removes a secret from the store.
-func (m *Manager) DeleteSecret(ctx context.Context, name string) error {
-	if _, err := m.db.GetSecret(ctx, name); errors.Is(err, store.ErrNotFound) {
-		return api.Errorf(api.KindNotFound, "no secret %q", name)
+// Secrets lists the names (never values) of the request's owner's secrets.
+func (m *Manager) Secrets(ctx context.Context) ([]string, error) {
+	owner, err := secretOwner(ctx)
+	if err != nil {
+		return nil, err
 	}
-	if err := m.db.DeleteSecret(ctx, name); err != nil {
+	keys, err := m.db.SecretNames(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := []string{}
+	for _, k := range keys {
+		if n, ok := secretName(owner, k); ok {
+			names = append(names, n)
+		}
+	}
+	return names, nil
+}
+
+// DeleteSecret removes one of the request's owner's secrets.
+func (m *Manager) DeleteSecret(ctx context.Context, name string) error {
+	owner, err := secretOwner(ctx)
+	if err != nil {
 		return err
 	}
-	m.event("", "secret.delete", map[string]any{"name": name})
+	if !validSecretName(name) {
+		return api.Errorf(api.KindNotFound, "no secret %q", name)
+	}
+	if _, err := m.db.GetSecret(ctx, secretKey(owner, name)); errors.Is(err, store.ErrNotFound) {
+		return api.Errorf(api.KindNotFound, "no secret %q", name)
+	}
+	if err := m.db.DeleteSecret(ctx, secretKey(owner, name)); err != nil {
+		return err
+	}
+	m.event("", "secret.delete", map[string]any{"name": name, "owner": owner})
 	m.refreshPolicies(ctx)
 	return nil
 }
@@ -103,7 +145,7 @@ func (m *Manager) refreshPolicies(ctx context.Context) {
 	m.mu.Unlock()
 	for _, id := range ids {
 		if rec, err := m.get(ctx, id); err == nil {
-			m.setNetPolicy(rec.ID, rec.Network)
+			m.setNetPolicy(rec.ID, rec.Owner, rec.Network)
 		}
 	}
 }

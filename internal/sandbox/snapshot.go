@@ -110,6 +110,9 @@ func (m *Manager) getSnapshot(ctx context.Context, idOrName string) (*api.Snapsh
 	if err := json.Unmarshal(o.Doc, &s); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", o.ID, err)
 	}
+	if !ScopeFrom(ctx).seesOwned(s.Owner, s.Sandbox) {
+		return nil, api.Errorf(api.KindNotFound, "no snapshot %q", idOrName)
+	}
 	return &s, nil
 }
 
@@ -128,9 +131,10 @@ func (m *Manager) Snapshots(ctx context.Context, sandbox string) ([]*api.Snapsho
 		return nil, err
 	}
 	out := []*api.Snapshot{}
+	sc := ScopeFrom(ctx)
 	for _, o := range objs {
 		var s api.Snapshot
-		if json.Unmarshal(o.Doc, &s) == nil {
+		if json.Unmarshal(o.Doc, &s) == nil && sc.seesOwned(s.Owner, s.Sandbox) {
 			out = append(out, &s)
 		}
 	}
@@ -224,18 +228,18 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 	if req.Name != "" && !validName(req.Name) {
 		return nil, api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
 	}
-	if req.Name != "" {
-		if _, err := m.db.GetObject(ctx, kindSnapshot, req.Name); err == nil {
-			return nil, api.Errorf(api.KindExists, "a snapshot named %q already exists", req.Name)
-		}
-	}
 	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	if req.Name != "" {
+		if _, err := m.db.GetObject(ctx, kindSnapshot, req.Name); err == nil {
+			return nil, api.Errorf(api.KindExists, "a snapshot named %q already exists", req.Name)
+		}
+	}
 	snap := &api.Snapshot{
-		ID: newID(), Name: req.Name, Sandbox: rec.ID, Image: rec.Image, CreatedAt: time.Now().UTC(),
+		ID: newID(), Name: req.Name, Sandbox: rec.ID, Owner: rec.Owner, Image: rec.Image, CreatedAt: time.Now().UTC(),
 		Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
 	}
 	if err := os.MkdirAll(m.snapshotsDir(), 0o700); err != nil {
@@ -456,10 +460,21 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 	if err := validateCreate(&api.CreateRequest{Labels: req.Labels}); err != nil {
 		return nil, err
 	}
+	if err := mayCreate(ctx); err != nil {
+		return nil, err
+	}
 	src, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	// Forks belong to the source's owner; the quota lock is held until
+	// they are recorded (or failed).
+	admitted, err := m.admit(ctx, req.Count)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	defer admitted()
 	var recs []*record
 	release := func() {
 		for _, r := range recs {

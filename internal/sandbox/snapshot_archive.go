@@ -185,7 +185,8 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 	if err := validateEnv("env", snap.Env); err != nil {
 		return nil, bad("%v", err)
 	}
-	if _, err := m.policyFor(ctx, snap.Network); err != nil {
+	snap.Owner = ScopeFrom(ctx).owner() // the loader's, whoever saved it
+	if _, err := m.policyFor(ctx, snap.Owner, snap.Network); err != nil {
 		return nil, bad("network policy: %v", err)
 	}
 	var want storage.Manifest

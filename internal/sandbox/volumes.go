@@ -60,9 +60,9 @@ func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (*api
 		m.deleteTree(dir)
 		return nil, err
 	}
-	v := &api.Volume{Name: req.Name, Size: req.Size, CreatedAt: time.Now().UTC()}
+	v := &api.Volume{Name: req.Name, Size: req.Size, CreatedAt: time.Now().UTC(), Owner: ScopeFrom(ctx).owner()}
 	doc, _ := json.Marshal(v)
-	if err := m.db.PutObject(ctx, &store.Object{Kind: kindVolume, ID: v.Name, Name: v.Name, CreatedAt: v.CreatedAt, Doc: doc}); err != nil {
+	if err := m.db.PutObject(ctx, &store.Object{Kind: kindVolume, ID: v.Name, Name: v.Name, Owner: v.Owner, CreatedAt: v.CreatedAt, Doc: doc}); err != nil {
 		m.deleteTree(dir)
 		return nil, err
 	}
@@ -70,7 +70,12 @@ func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (*api
 	return v, nil
 }
 
+// getVolume finds a volume the request's scope sees.
 func (m *Manager) getVolume(ctx context.Context, name string) (*api.Volume, error) {
+	return m.getVolumeAs(ctx, ScopeFrom(ctx), name)
+}
+
+func (m *Manager) getVolumeAs(ctx context.Context, sc *Scope, name string) (*api.Volume, error) {
 	o, err := m.db.GetObject(ctx, kindVolume, name)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && o.ID != name) {
 		return nil, api.Errorf(api.KindNotFound, "no volume %q: create it with den volume create %s", name, name)
@@ -82,11 +87,16 @@ func (m *Manager) getVolume(ctx context.Context, name string) (*api.Volume, erro
 	if err := json.Unmarshal(o.Doc, &v); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", name, err)
 	}
+	if !sc.seesOwned(v.Owner, "") {
+		return nil, api.Errorf(api.KindNotFound, "no volume %q: create it with den volume create %s", name, name)
+	}
 	return &v, nil
 }
 
-// volumeUsers maps each volume name to the sandboxes that mount it.
+// volumeUsers maps each volume name to the sandboxes that mount it (of
+// those the request's scope sees).
 func (m *Manager) volumeUsers(ctx context.Context) (map[string][]string, error) {
+	sc := ScopeFrom(ctx)
 	all, err := m.db.ListSandboxes(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -94,7 +104,7 @@ func (m *Manager) volumeUsers(ctx context.Context) (map[string][]string, error) 
 	users := map[string][]string{}
 	for _, s := range all {
 		rec, err := decodeRecord(s)
-		if err != nil {
+		if err != nil || !sc.Sees(rec.ID, rec.Owner) {
 			continue
 		}
 		for _, v := range rec.Volumes {
@@ -130,9 +140,10 @@ func (m *Manager) Volumes(ctx context.Context) ([]*api.Volume, error) {
 		return nil, err
 	}
 	out := []*api.Volume{}
+	sc := ScopeFrom(ctx)
 	for _, o := range objs {
 		var v api.Volume
-		if json.Unmarshal(o.Doc, &v) != nil {
+		if json.Unmarshal(o.Doc, &v) != nil || !sc.seesOwned(v.Owner, "") {
 			continue
 		}
 		v.UsedBy = users[v.Name]
@@ -151,7 +162,7 @@ func (m *Manager) RemoveVolume(ctx context.Context, name string) error {
 	}
 	unlock := m.lock("volume:" + v.Name)
 	defer unlock()
-	users, err := m.volumeUsers(ctx)
+	users, err := m.volumeUsers(WithScope(ctx, nil)) // in use by anyone: keep it
 	if err != nil {
 		return err
 	}
@@ -261,7 +272,9 @@ func (m *Manager) allowedSource(src string) (string, error) {
 func (m *Manager) mounts(ctx context.Context, rec *record) ([]isolate.Mount, error) {
 	var out []isolate.Mount
 	for _, v := range rec.Volumes {
-		if _, err := m.getVolume(ctx, v.Name); err != nil {
+		// Checked against the creator's scope at create; whoever boots
+		// the sandbox later (a request narrowed to it) need not see it.
+		if _, err := m.getVolumeAs(ctx, nil, v.Name); err != nil {
 			return nil, err
 		}
 		out = append(out, isolate.Mount{Source: m.volumeDir(v.Name), Target: v.Path, ReadOnly: v.ReadOnly, IDMapped: true})

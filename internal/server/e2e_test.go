@@ -139,7 +139,7 @@ func (e *env) start(t *testing.T, imgs *image.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.http = &http.Server{Handler: server.New(m, e.db, log, "test", e.rt.CgroupVersion())}
+	e.http = &http.Server{Handler: server.AsAdmin(server.New(m, e.db, log, "test", e.rt.CgroupVersion()))}
 	go e.http.Serve(ln)
 	e.c = client.New("unix://" + e.sock)
 }

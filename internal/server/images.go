@@ -123,6 +123,10 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		}
 		args[k] = v
 	}
+	if q.Get("debian") != "" && !sandbox.ScopeFrom(r.Context()).IsAdmin() {
+		writeError(w, api.Errorf(api.KindUnauthorized, "building with ?debian= runs on the host: it is for the admin token only"))
+		return
+	}
 	var out io.Writer = io.Discard
 	var n *ndjson
 	if wantsNDJSON(r) {

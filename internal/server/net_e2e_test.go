@@ -308,7 +308,7 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.http = &http.Server{Handler: server.New(m, db, log, "test", rt.CgroupVersion())}
+	e.http = &http.Server{Handler: server.AsAdmin(server.New(m, db, log, "test", rt.CgroupVersion()))}
 	go e.http.Serve(ln)
 	e.c = client.New("unix://" + e.sock)
 	t.Cleanup(func() {

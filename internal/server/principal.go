@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/sandbox"
 )
 
 // Principal is who a request acts for: the admin (the daemon's own token, or
@@ -32,9 +33,16 @@ var AdminPrincipal = &Principal{Admin: true, Name: "admin"}
 
 type principalKey struct{}
 
-// WithPrincipal returns ctx carrying p.
+// WithPrincipal returns ctx carrying p. It also gives ctx p's sandbox
+// scope (without a token's quota, which the Server adds per request), so a
+// front end that calls the sandbox manager directly with this context sees
+// only what p may; a nil p sees nothing.
 func WithPrincipal(ctx context.Context, p *Principal) context.Context {
-	return context.WithValue(ctx, principalKey{}, p)
+	sc := &sandbox.Scope{}
+	if p != nil {
+		sc = &sandbox.Scope{All: p.Admin, Owner: p.TokenID, Sandbox: p.Sandbox}
+	}
+	return sandbox.WithScope(context.WithValue(ctx, principalKey{}, p), sc)
 }
 
 // PrincipalFrom returns the principal a request acts for, or nil when none

@@ -7,7 +7,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,23 +53,22 @@ func New(m *sandbox.Manager, db *store.DB, log *slog.Logger, version, cgroup str
 	return s
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
-
-// WithToken wraps h so every request must carry "Authorization: Bearer token".
-func WithToken(h http.Handler, token string) http.Handler {
-	want := []byte("Bearer " + token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/preview/") {
-			h.ServeHTTP(w, r) // previews carry their own per-port tokens
-			return
-		}
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
-			writeError(w, api.Errorf(api.KindUnauthorized, "missing or wrong bearer token: set DEN_TOKEN (the daemon keeps it in its data dir, file token)"))
-			return
-		}
-		h.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), AdminPrincipal)))
-	})
+// ServeHTTP serves a request for the Principal its context carries (see
+// AsAdmin, Authenticate, InProcess): the principal becomes the scope every
+// sandbox, snapshot, volume and secret lookup is checked against, so the
+// same checks hold whichever front end the request came through. A request
+// without a principal is refused, except previews (their own tokens).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/preview/") {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	sc, err := s.scopeFor(r.Context(), PrincipalFrom(r.Context()))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.mux.ServeHTTP(w, r.WithContext(sandbox.WithScope(r.Context(), sc)))
 }
 
 func (s *Server) routes() {
@@ -133,21 +131,22 @@ func (s *Server) routes() {
 	h("DELETE /v1/sandboxes/{id}/ports/{port}", s.unsharePort)
 	h("GET /v1/sandboxes/{id}/ports/{port}/tcp", s.tcp)
 	h("/preview/{id}/{port}/{rest...}", s.preview)
-	h("GET /metrics", s.metrics)
+	h("GET /metrics", adminOnly(s.metrics))
 	h("PUT /v1/secrets/{name}", s.putSecret)
 	h("GET /v1/secrets", s.listSecrets)
 	h("DELETE /v1/secrets/{name}", s.deleteSecret)
 	h("GET /v1/images", s.images)
 	h("GET /v1/images/{name...}", s.image)
-	h("DELETE /v1/images/{name...}", s.removeImage)
+	h("DELETE /v1/images/{name...}", adminOnly(s.removeImage))
 	h("POST /v1/images/import", s.importImage)
-	h("POST /v1/images/pull", s.pullImage)
+	h("POST /v1/images/pull", adminOnly(s.pullImage))
 	h("POST /v1/images/build", s.buildImage)
 	h("GET /v1/images/save", s.saveImages)
-	h("POST /v1/images/prune", s.pruneImages)
+	h("POST /v1/images/prune", adminOnly(s.pruneImages))
 	h("POST /v1/sandboxes/{id}/commit", s.commit)
 	h("GET /v1/events", s.events)
 	s.snapshotRoutes()
+	s.tokenRoutes()
 	s.gitRoutes()
 	h("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.KindNotFound, "no route %s %s: see GET /v1/openapi.json", r.Method, r.URL.Path))
@@ -622,10 +621,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Limit = n
 	}
-	if f.Sandbox != "" {
-		if sb, err := s.m.Get(r.Context(), f.Sandbox); err == nil {
-			f.Sandbox = sb.ID
-		}
+	if err := s.scopeEvents(r.Context(), &f); err != nil {
+		writeError(w, err)
+		return
+	}
+	if f.Sandboxes != nil && len(f.Sandboxes) == 0 {
+		writeJSON(w, 200, []api.Event{})
+		return
 	}
 	evs, err := s.db.Events(r.Context(), f)
 	if err != nil {
@@ -637,6 +639,36 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		out = append(out, api.Event{Seq: e.Seq, Time: e.Time, Sandbox: e.Sandbox, Type: e.Type, Data: e.Data})
 	}
 	writeJSON(w, 200, out)
+}
+
+// scopeEvents narrows an event filter to what the request may see: the
+// admin every event (a ?sandbox= that names no sandbox now is taken as a
+// removed sandbox's id), anyone else only the events of the sandboxes it
+// sees now (a ?sandbox= it does not see is not_found).
+func (s *Server) scopeEvents(ctx context.Context, f *store.EventFilter) error {
+	admin := sandbox.ScopeFrom(ctx).IsAdmin()
+	if f.Sandbox != "" {
+		sb, err := s.m.Get(ctx, f.Sandbox)
+		switch {
+		case err == nil:
+			f.Sandbox = sb.ID
+		case !admin:
+			return err
+		}
+		return nil
+	}
+	if admin {
+		return nil
+	}
+	list, err := s.m.List(ctx, nil)
+	if err != nil {
+		return err
+	}
+	f.Sandboxes = []string{}
+	for _, sb := range list {
+		f.Sandboxes = append(f.Sandboxes, sb.ID)
+	}
+	return nil
 }
 
 func (s *Server) sessionProxy(method string) http.HandlerFunc {

@@ -21,11 +21,13 @@ type Event struct {
 
 // EventFilter selects events. Zero fields select everything.
 type EventFilter struct {
-	Sandbox  string    // exact sandbox ID
-	Type     string    // prefix of Type: "exec." matches "exec.start" and "exec.end"
-	Since    time.Time // events at or after this time
-	AfterSeq int64     // events with Seq > AfterSeq
-	Limit    int       // at most this many, the oldest first; 0 = no limit
+	Sandbox string // exact sandbox ID
+	// Sandboxes, when not nil, selects only the events of these sandbox IDs.
+	Sandboxes []string
+	Type      string    // prefix of Type: "exec." matches "exec.start" and "exec.end"
+	Since     time.Time // events at or after this time
+	AfterSeq  int64     // events with Seq > AfterSeq
+	Limit     int       // at most this many, the oldest first; 0 = no limit
 }
 
 const addEventSQL = `INSERT INTO events (time, sandbox, type, data) VALUES (?, ?, ?, ?)`
@@ -58,6 +60,11 @@ func (db *DB) Events(ctx context.Context, f EventFilter) ([]*Event, error) {
 	if f.Sandbox != "" {
 		q.WriteString(` AND sandbox = ?`)
 		args = append(args, f.Sandbox)
+	}
+	if f.Sandboxes != nil {
+		q.WriteString(` AND sandbox IN (SELECT value FROM json_each(?))`)
+		ids, _ := json.Marshal(f.Sandboxes)
+		args = append(args, string(ids))
 	}
 	if f.Type != "" {
 		// substr counts characters, as does utf8.RuneCountInString.

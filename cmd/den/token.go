@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/den-dev/den/api"
+)
+
+var verbToken = &verb{
+	name:     "token",
+	summary:  "manage scoped API tokens: create, ls, rm (admin only)",
+	synopsis: "COMMAND [flags] [ARG...]",
+	details: `A scoped token lets one agent use den over TCP (DEN_HOST=tcp://HOST:PORT
+DEN_TOKEN=den_...) while seeing and controlling only the sandboxes it
+creates, with an optional bound on how many it may have and caps on their
+CPUs and memory. Everything of another token's or of the admin's answers
+not_found. Tokens are managed with the admin's credentials: the root-only
+unix socket, or the daemon's own token (its data dir, file token).`,
+	example: `den token create --name agent-1 --max-sandboxes 5 --cpus 1 --memory 1g
+		den token ls
+		den token rm agent-1`,
+	run:   cmdGroup,
+	group: true,
+}
+
+var verbTokenCreate = &verb{
+	name:     "token create",
+	summary:  "make a scoped API token and print it (once)",
+	synopsis: "[flags] --name NAME",
+	details: `Prints the new token's secret, the value for DEN_TOKEN. It is shown this
+once: den keeps only its SHA-256 and cannot show it again (make a new token
+if it is lost). --name is required and unique. --max-sandboxes bounds the
+sandboxes the token may have at once, in any state (0: no bound); creates
+and forks beyond it are refused. --cpus and --memory cap every sandbox it
+creates; a create without limits gets the caps as its limits.`,
+	example: `den token create --name agent-1
+		den token create --name ci --max-sandboxes 10 --cpus 2 --memory 4g --json`,
+	run: cmdTokenCreate,
+}
+
+var verbTokenLs = &verb{
+	name:     "token ls",
+	summary:  "list the scoped tokens (never their secrets)",
+	synopsis: "[flags]",
+	example: `den token ls
+		den token ls --json`,
+	run: cmdTokenLs,
+}
+
+var verbTokenRm = &verb{
+	name:     "token rm",
+	summary:  "revoke tokens",
+	synopsis: "[flags] ID|NAME...",
+	details: `Revokes each token: its next request is refused. Its sandboxes are kept;
+the admin sees them (den ls shows their owner in --json) and removes them.`,
+	example: `den token rm agent-1`,
+	run:     cmdTokenRm,
+}
+
+func cmdTokenCreate(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	name := f.String("name", "", "NAME", "the token's name (required, unique)")
+	var max string
+	f.Var(stringValue{&max}, "max-sandboxes", "", "N", "at most N sandboxes at once (0: no bound)")
+	var cpus float64
+	f.Var(floatValue{&cpus}, "cpus", "", "N", "cap on each sandbox's CPUs, like 1.5")
+	var mem api.Size
+	f.Var(sizeValue{&mem}, "memory", "", "SIZE", "cap on each sandbox's memory, like 1g")
+	jsonOut := f.jsonFlag("print the token (with its secret) as JSON")
+	if _, _, err := f.parse(args, 0, c.stdout); err != nil {
+		return err
+	}
+	if *name == "" {
+		return usagef(v, "--name is required: den token create --name agent-1")
+	}
+	req := api.TokenRequest{Name: *name, CPUs: cpus, Memory: mem}
+	if max != "" {
+		n, err := strconv.Atoi(max)
+		if err != nil || n < 0 {
+			return usagef(v, "bad value %q for --max-sandboxes: want a whole number, 0 or more", max)
+		}
+		req.MaxSandboxes = n
+	}
+	if cpus < 0 {
+		return usagef(v, "bad value for --cpus: %g is negative", cpus)
+	}
+	t, err := c.client(f).CreateToken(context.Background(), req)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return c.printJSON(t)
+	}
+	fmt.Fprintln(c.stdout, t.Token)
+	fmt.Fprintf(c.stderr, "den: token %s (%s): keep it now, den cannot show it again; use it as DEN_TOKEN\n", t.Name, t.ID)
+	return nil
+}
+
+func cmdTokenLs(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	jsonOut := f.jsonFlag("print the tokens as a JSON array")
+	if _, _, err := f.parse(args, 0, c.stdout); err != nil {
+		return err
+	}
+	list, err := c.client(f).Tokens(context.Background())
+	if err != nil {
+		return err
+	}
+	if list == nil {
+		list = []*api.Token{}
+	}
+	if *jsonOut {
+		return c.printJSON(list)
+	}
+	tw := newTable(c.stdout)
+	fmt.Fprintln(tw, "ID\tNAME\tSANDBOXES\tMAX\tCPUS\tMEMORY\tCREATED")
+	now := time.Now()
+	for _, t := range list {
+		max, cpus, mem := "-", "-", "-"
+		if t.MaxSandboxes > 0 {
+			max = strconv.Itoa(t.MaxSandboxes)
+		}
+		if t.CPUs > 0 {
+			cpus = strconv.FormatFloat(t.CPUs, 'g', -1, 64)
+		}
+		if t.Memory > 0 {
+			mem = humanSize(int64(t.Memory))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Sandboxes, max, cpus, mem, ago(t.CreatedAt, now))
+	}
+	return tw.Flush()
+}
+
+func cmdTokenRm(c *cli, v *verb, args []string) error {
+	f := newFlags(v)
+	names, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return err
+	}
+	if len(names) == 0 {
+		return usagef(v, "token rm needs at least one token ID or NAME (see den token ls)")
+	}
+	cl := c.client(f)
+	failed := false
+	for _, n := range names {
+		if err := cl.RemoveToken(context.Background(), n); err != nil {
+			c.report(v, err)
+			failed = true
+			continue
+		}
+		fmt.Fprintln(c.stdout, n)
+	}
+	if failed {
+		return exitError(1)
+	}
+	return nil
+}
