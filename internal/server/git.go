@@ -14,6 +14,7 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/gitws"
+	"github.com/den-dev/den/internal/sandbox"
 )
 
 // Git workspaces: POST /v1/sandboxes with "git" clones a repository into
@@ -30,10 +31,10 @@ func (s *Server) gitStore() *gitws.Store {
 	return &gitws.Store{Dir: filepath.Join(s.m.DataDir(), "git")}
 }
 
-// isAdmin reports whether the request acts for the daemon's administrator.
+// isAdmin reports whether the request acts for the daemon's administrator
+// (not a scoped token, nor a principal narrowed to one sandbox).
 func isAdmin(r *http.Request) bool {
-	p := PrincipalFrom(r.Context())
-	return p != nil && p.Admin
+	return sandbox.ScopeFrom(r.Context()).IsAdmin()
 }
 
 // createGit creates a sandbox whose /workspace is a clone of req.Git: the
@@ -51,7 +52,10 @@ func (s *Server) createGit(w http.ResponseWriter, r *http.Request, req api.Creat
 		return
 	}
 	st := s.gitStore()
-	st.Prune(func(id string) bool { _, err := s.m.Get(ctx, id); return api.KindOf(err) != api.KindNotFound })
+	// Asked for the daemon: a scoped request sees only its own sandboxes
+	// and would take everyone else's workspaces for removed ones.
+	daemon := sandbox.WithScope(ctx, nil)
+	st.Prune(func(id string) bool { _, err := s.m.Get(daemon, id); return api.KindOf(err) != api.KindNotFound })
 	repo, err := st.Clone(ctx, src, req.Git.Branch)
 	if err != nil {
 		writeError(w, err)
