@@ -70,8 +70,12 @@ func cmdTokenCreate(c *cli, v *verb, args []string) error {
 	var mem api.Size
 	f.Var(sizeValue{&mem}, "memory", "", "SIZE", "cap on each sandbox's memory, like 1g")
 	jsonOut := f.jsonFlag("print the token (with its secret) as JSON")
-	if _, _, err := f.parse(args, 0, c.stdout); err != nil {
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
 		return err
+	}
+	if len(pos) > 0 {
+		return usagef(v, "token create takes no arguments (got %q): name the token with --name", pos[0])
 	}
 	if *name == "" {
 		return usagef(v, "--name is required: den token create --name agent-1")
@@ -102,8 +106,12 @@ func cmdTokenCreate(c *cli, v *verb, args []string) error {
 func cmdTokenLs(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	jsonOut := f.jsonFlag("print the tokens as a JSON array")
-	if _, _, err := f.parse(args, 0, c.stdout); err != nil {
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
 		return err
+	}
+	if len(pos) > 0 {
+		return usagef(v, "token ls takes no arguments (got %q)", pos[0])
 	}
 	list, err := c.client(f).Tokens(context.Background())
 	if err != nil {
