@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/mcp"
@@ -43,6 +44,7 @@ func TestMain(m *testing.M) {
 // on both as den serve mounts it.
 type daemon struct {
 	sock, url, token string
+	admin            *client.Client
 }
 
 var daemonSeq struct {
@@ -97,8 +99,9 @@ func newDaemon(t *testing.T) *daemon {
 		t.Fatal(err)
 	}
 	d.url = "http://" + tl.Addr().String()
+	d.admin = client.New("unix://" + d.sock)
 	us := &http.Server{Handler: server.AsAdmin(h)}
-	ts := &http.Server{Handler: withToken(h, d.token)}
+	ts := &http.Server{Handler: h.Authenticate(h, d.token)}
 	go us.Serve(ul)
 	go ts.Serve(tl)
 	t.Cleanup(func() {
@@ -115,18 +118,6 @@ func newDaemon(t *testing.T) *daemon {
 		db.Close()
 	})
 	return d
-}
-
-// withToken stands for the daemon's bearer authentication: the token
-// acts for the admin, anything else is refused.
-func withToken(h http.Handler, token string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+token {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		h.ServeHTTP(w, r.WithContext(server.WithPrincipal(r.Context(), server.AdminPrincipal)))
-	})
 }
 
 func randHex(n int) string {
@@ -196,10 +187,14 @@ func connect(t *testing.T, tr sdk.Transport) *session {
 	return s
 }
 
-// stdio runs `den mcp` against d's unix socket.
-func (d *daemon) stdio(t *testing.T) *session {
+// stdio runs `den mcp` against d's unix socket, or with env (like
+// DEN_HOST and DEN_TOKEN) against what it names.
+func (d *daemon) stdio(t *testing.T, env ...string) *session {
 	cmd := exec.Command(denBin(t), "mcp")
-	cmd.Env = append(os.Environ(), "DEN_HOST=unix://"+d.sock)
+	if env == nil {
+		env = []string{"DEN_HOST=unix://" + d.sock}
+	}
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	return connect(t, &sdk.CommandTransport{Command: cmd})
 }
@@ -212,9 +207,13 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(r)
 }
 
-// http connects to d's /mcp over TCP with its token.
-func (d *daemon) http(t *testing.T) *session {
-	return connect(t, &sdk.StreamableClientTransport{Endpoint: d.url + "/mcp", HTTPClient: &http.Client{Transport: bearer{d.token}}})
+// http connects to d's /mcp over TCP with its admin token, or token.
+func (d *daemon) http(t *testing.T, token ...string) *session {
+	tok := d.token
+	if len(token) > 0 {
+		tok = token[0]
+	}
+	return connect(t, &sdk.StreamableClientTransport{Endpoint: d.url + "/mcp", HTTPClient: &http.Client{Transport: bearer{tok}}})
 }
 
 func (s *session) call(t *testing.T, name string, args map[string]any, meta sdk.Meta) *sdk.CallToolResult {
@@ -647,4 +646,48 @@ func badInput(t *testing.T, s *session, tag string) {
 			}
 		}
 	})
+}
+
+// TestMCPScopedToken: over both transports, a scoped token's MCP tools see
+// and control only that token's sandboxes, as its API calls do.
+func TestMCPScopedToken(t *testing.T) {
+	d := newDaemon(t)
+	ctx := context.Background()
+	other, err := d.admin.Create(ctx, api.CreateRequest{Name: "admins"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range []string{"stdio", "http"} {
+		t.Run(tr, func(t *testing.T) {
+			tok, err := d.admin.CreateToken(ctx, api.TokenRequest{Name: "agent-" + tr, MaxSandboxes: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s *session
+			if tr == "http" {
+				s = d.http(t, tok.Token)
+			} else {
+				s = d.stdio(t, "DEN_HOST="+d.url, "DEN_TOKEN="+tok.Token)
+			}
+			var created struct{ Sandbox api.Sandbox }
+			s.ok(t, "sandbox_create", map[string]any{"name": "mine-" + tr}, &created)
+			var listed struct{ Sandboxes []api.Sandbox }
+			s.ok(t, "sandbox_list", map[string]any{}, &listed)
+			if len(listed.Sandboxes) != 1 || listed.Sandboxes[0].ID != created.Sandbox.ID {
+				t.Errorf("the token's sandbox_list = %+v, want only its own", listed.Sandboxes)
+			}
+			s.fail(t, "exec", map[string]any{"sandbox": other.ID, "cmd": []string{"true"}}, "no sandbox")
+			s.fail(t, "read_file", map[string]any{"sandbox": "admins", "path": "/etc/hostname"}, "no sandbox")
+			s.fail(t, "sandbox_remove", map[string]any{"sandbox": other.ID}, "no sandbox")
+			s.fail(t, "sandbox_create", map[string]any{"name": "second-" + tr})
+			var ex execResult
+			s.ok(t, "exec", map[string]any{"sandbox": created.Sandbox.ID, "cmd": []string{"hostname"}}, &ex)
+			if ex.Stdout != "mine-"+tr+"\n" {
+				t.Errorf("exec in its own sandbox = %+v", ex)
+			}
+		})
+	}
+	if _, err := d.admin.Get(ctx, other.ID); err != nil {
+		t.Errorf("the admin's sandbox after the token's attempts: %v", err)
+	}
 }
