@@ -469,6 +469,8 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 		"PortRequest":     PortRequest{},
 		"Preview":         Preview{},
 		"Token":           Token{},
+		"SSHKey":          SSHKey{},
+		"SSHKeyRequest":   SSHKeyRequest{},
 		"TokenRequest":    TokenRequest{},
 		"GitSource":       GitSource{},
 		"Diff":            Diff{},
@@ -507,7 +509,7 @@ func TestOpenAPISchemasMatchGoTypes(t *testing.T) {
 	}
 
 	// The server rejects unknown fields in request bodies.
-	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "SecretHeader", "PullRequest", "CommitRequest", "PortRequest", "GitSource", "ExportRequest"} {
+	for _, name := range []string{"CreateRequest", "ExecRequest", "MkdirRequest", "RenameRequest", "SignalRequest", "Limits", "NetworkPolicy", "SecretHeader", "PullRequest", "CommitRequest", "PortRequest", "SSHKeyRequest", "GitSource", "ExportRequest"} {
 		if obj(schemas[name])["additionalProperties"] != false {
 			t.Errorf("request schema %s: want additionalProperties: false", name)
 		}

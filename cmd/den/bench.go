@@ -50,6 +50,9 @@ host supports; a peer whose binary is missing is skipped with the reason):
                  vs a raw runsc run of the same root (same platform), -n (20);
                  then hibernate + resume of an idle one (checkpoint +
                  restore), 10 times. Targets: <= 1.2x runsc; <= 500ms.
+  ssh            ssh ID@host true through den's SSH gateway ($DEN_SSH_HOST,
+                 $DEN_SSH_PORT: 127.0.0.1:2222), key exchange included, vs
+                 OpenSSH's sshd on loopback; -n (100). Target: p50 <= 100ms.
 
 The microVM's cold start against a raw QEMU boot of the same kernel and
 initramfs is measured by go test -bench 'RawBoot|ColdStart'
@@ -87,7 +90,7 @@ const (
 	benchRebuildS    = 1.0 // a rebuild with nothing changed <= 1 s
 )
 
-var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc", "gvisor"}
+var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc", "gvisor", "ssh"}
 
 // benchBwrapArgv is the bwrap peer: the namespace floor.
 var benchBwrapArgv = []string{"bwrap", "--unshare-all", "--die-with-parent",
@@ -584,6 +587,8 @@ func (b *bench) run(ctx context.Context, scenarios []string) error {
 			err = b.runscScenario(ctx)
 		case "gvisor":
 			err = b.gvisorScenario(ctx)
+		case "ssh":
+			err = b.sshScenario(ctx)
 		}
 		b.progressDone()
 		if ctx.Err() != nil {
@@ -777,6 +782,8 @@ func (b *bench) skipReason(s string) string {
 			return "not selected"
 		}
 		return b.runsc.Missing
+	case "ssh":
+		return sshSkipReason()
 	}
 	// Without bwrap, den alone is still measured and the rows say why.
 	return ""

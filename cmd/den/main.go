@@ -55,6 +55,7 @@ func init() {
 		verbSecret, verbSecretSet, verbSecretLs, verbSecretRm,
 		verbToken, verbTokenCreate, verbTokenLs, verbTokenRm,
 		verbPort, verbPortLs, verbPortRm, verbForward,
+		verbSSH, verbSSHKey, verbSSHKeyAdd, verbSSHKeyLs, verbSSHKeyRm,
 		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
 		verbEvents, verbInfo, verbVersion, verbBench, verbMCP, verbServe, verbHelp,
 	}

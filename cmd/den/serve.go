@@ -68,6 +68,7 @@ func cmdServe(args []string) error {
 	fs.Var(&allowMounts, "allow-mount", "host directory sandboxes may bind-mount with --mount (repeatable; none by default)")
 	defRuntime := fs.String("runtime", "linux", "default isolation tier of new sandboxes: linux, gvisor or microvm (den create --runtime picks per sandbox)")
 	runtimes := fs.String("runtimes", "linux,gvisor,microvm", "tiers to offer where this host can run them (den info says which and why not)")
+	sshAddr := fs.String("ssh", "", "serve den's SSH gateway on this address, like 127.0.0.1:2222 (ssh -p 2222 ID@host; keys from den ssh-key add)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -174,6 +175,13 @@ func cmdServe(args []string) error {
 	mcpH, stopMCP := mcpHandler(h, log)
 	defer stopMCP()
 	h.Mount("/mcp", mcpH)
+	if *sshAddr != "" {
+		gw, err := startSSH(*sshAddr, *data, h, db, log)
+		if err != nil {
+			return err
+		}
+		defer gw.Close()
+	}
 	var servers []*http.Server
 	errc := make(chan error, len(listens))
 	for _, l := range listens {

@@ -148,6 +148,7 @@ func (s *Server) routes() {
 	s.snapshotRoutes()
 	s.tokenRoutes()
 	s.gitRoutes()
+	s.sshKeyRoutes()
 	h("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.KindNotFound, "no route %s %s: see GET /v1/openapi.json", r.Method, r.URL.Path))
 	})
