@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/gitws/gitwstest"
 )
 
 // dirInside stands in for a sandbox: its workspace is a directory of the
@@ -61,33 +62,10 @@ func (d dirInside) Bundle(ctx context.Context, base string, w io.Writer) (bool, 
 	return cmd.Run() == nil, nil
 }
 
-func gitT(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"}, args...)...)
-	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %v: %v: %s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // hostRepo makes a repository with a few files on main.
 func hostRepo(t *testing.T) string {
-	t.Helper()
-	if Available() != nil {
-		t.Skip("git is not installed")
-	}
-	dir := t.TempDir()
-	gitT(t, dir, "init", "-q")
-	os.WriteFile(filepath.Join(dir, "keep.txt"), []byte("keep\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "edit.txt"), []byte("one\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "gone.txt"), []byte("gone\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "run.sh"), []byte("#!/bin/sh\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, ".gitignore"), []byte("*.log\nbuild/\n"), 0o644)
-	gitT(t, dir, "add", "-A")
-	gitT(t, dir, "commit", "-qm", "first")
-	return dir
+	return gitwstest.Repo(t, map[string]string{"keep.txt": "keep\n", "edit.txt": "one\n", "gone.txt": "gone\n",
+		"run.sh": "#!/bin/sh\n", ".gitignore": "*.log\nbuild/\n"})
 }
 
 func TestSnapshotDiffExport(t *testing.T) {
@@ -113,12 +91,12 @@ func TestSnapshotDiffExport(t *testing.T) {
 	root := t.TempDir()
 	untar(t, &tb, root)
 	ws := filepath.Join(root, "workspace")
-	if got := gitT(t, ws, "branch", "--show-current"); got != "den/sb1" {
+	if got := gitwstest.Git(t, ws, "branch", "--show-current"); got != "den/sb1" {
 		t.Fatalf("branch inside = %q", got)
 	}
 	// A commit inside, then uncommitted changes of every kind.
 	os.WriteFile(filepath.Join(ws, "edit.txt"), []byte("two\n"), 0o644)
-	gitT(t, ws, "commit", "-qam", "inside commit")
+	gitwstest.Git(t, ws, "commit", "-qam", "inside commit")
 	os.Remove(filepath.Join(ws, "gone.txt"))
 	os.WriteFile(filepath.Join(ws, "new.bin"), []byte{0, 1, 2, 0xff, 0}, 0o644)
 	os.Chmod(filepath.Join(ws, "run.sh"), 0o755)
@@ -159,9 +137,9 @@ func TestSnapshotDiffExport(t *testing.T) {
 	}
 	// The patch applies to the base.
 	chk := t.TempDir()
-	gitT(t, chk, "clone", "-q", host, ".")
+	gitwstest.Git(t, chk, "clone", "-q", host, ".")
 	os.WriteFile(filepath.Join(chk, "p.diff"), d.Patch, 0o644)
-	gitT(t, chk, "apply", "--index", "p.diff")
+	gitwstest.Git(t, chk, "apply", "--index", "p.diff")
 
 	res, err := repo.Export(ctx, snap, "feature", false)
 	if err != nil {
@@ -170,7 +148,7 @@ func TestSnapshotDiffExport(t *testing.T) {
 	if res.Commits != 2 || res.Commit != snap.Head {
 		t.Errorf("export %+v", res)
 	}
-	if l := gitT(t, host, "ls-tree", "feature", "pw"); !strings.HasPrefix(l, "120000") {
+	if l := gitwstest.Git(t, host, "ls-tree", "feature", "pw"); !strings.HasPrefix(l, "120000") {
 		t.Errorf("pw is not a symlink in the export: %s", l)
 	}
 	// Exporting again moves forward; the checked-out branch is refused.

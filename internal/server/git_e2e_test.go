@@ -9,47 +9,24 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/gitws/gitwstest"
 	"github.com/den-dev/den/internal/server"
 )
-
-// gitHost runs git in a host repository of the test's (not a sandbox's).
-func gitHost(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", append([]string{"-c", "user.name=host", "-c", "user.email=host@test", "-c", "init.defaultBranch=main"}, args...)...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %v: %v: %s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
 
 // newGitRepo makes a host repository: a few files on main, and a branch
 // other with one more commit.
 func newGitRepo(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git workspace tests need git (apt-get install git)")
-	}
-	dir := t.TempDir()
-	gitHost(t, dir, "init", "-q")
-	for name, body := range map[string]string{
+	dir := gitwstest.Repo(t, map[string]string{
 		"keep.txt": "keep\n", "edit.txt": "one\n", "gone.txt": "gone\n", "run.sh": "#!/bin/sh\necho run\n",
 		".gitignore": "*.log\n", "src/lib.go": "package lib\n",
-	} {
-		os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
-		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
-	}
-	gitHost(t, dir, "add", "-A")
-	gitHost(t, dir, "commit", "-qm", "first")
+	})
 	gitHost(t, dir, "checkout", "-qb", "other")
 	os.WriteFile(filepath.Join(dir, "other.txt"), []byte("other\n"), 0o644)
 	gitHost(t, dir, "add", "-A")
@@ -57,6 +34,9 @@ func newGitRepo(t *testing.T) string {
 	gitHost(t, dir, "checkout", "-q", "main")
 	return dir
 }
+
+// gitHost runs git in a host repository of the test's (not a sandbox's).
+var gitHost = gitwstest.Git
 
 // hostState is what export must leave alone: HEAD, the index file and the
 // working tree's status.

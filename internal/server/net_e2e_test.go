@@ -55,6 +55,9 @@ type inet struct {
 	name string
 	host string // the veth's host end
 	nw   *linux.Network
+	// cert is the test servers' certificate (trusted by the egress
+	// proxy's upstream TLS): tests serving HTTPS on other ports use it.
+	cert tls.Certificate
 }
 
 func newInet(t *testing.T) *inet {
@@ -196,7 +199,8 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 	})}
 	go web.Serve(in.listen(t, 80))
 	go web.Serve(in.listen(t, 80, inet6Addr))
-	serverCert := selfSigned(t, "allowed.test", "other.test", "www.allowed.test")
+	serverCert := selfSigned(t, "allowed.test", "other.test", "www.allowed.test", "api.example.test")
+	in.cert = serverCert
 	tlsLn := tls.NewListener(in.listen(t, 443), &tls.Config{Certificates: []tls.Certificate{serverCert}})
 	upstreamRoots := x509.NewCertPool()
 	leaf, _ := x509.ParseCertificate(serverCert.Certificate[0])
@@ -279,6 +283,7 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 		"allowed.test":     {netip.MustParseAddr(inetAddr)},
 		"www.allowed.test": {netip.MustParseAddr(inetAddr)},
 		"other.test":       {netip.MustParseAddr(inetAddr)},
+		"api.example.test": {netip.MustParseAddr(inetAddr)},
 		"private.test":     {netip.MustParseAddr("10.1.2.3")},
 		"metadata.test":    {netip.MustParseAddr("169.254.169.254")},
 		"v6.test":          {netip.MustParseAddr(inet6Addr)}, // AAAA only
@@ -605,35 +610,8 @@ func TestSecretHeaders(t *testing.T) {
 	if out, _ := curl(t, e, sb.ID, "--noproxy", "*", "-k", "https://other.test/"); strings.Contains(out, "authorization") {
 		t.Fatalf("secret sent to another host: %s", out)
 	}
-	// The secret is nowhere inside: checked from the host, so the check
-	// itself does not carry it in: the sandbox's files (its writable
-	// layers) and every process's environment and command line.
-	filepath.WalkDir(filepath.Join(e.data, "sandboxes", sb.ID, "upper"), func(p string, d os.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if b, _ := os.ReadFile(p); strings.Contains(string(b), secret) {
-				t.Errorf("the secret is in the sandbox's file %s", p)
-			}
-		}
-		return nil
-	})
 	e.sh(t, sb.ID, "sleep 30 >/dev/null 2>&1 &") // a process to look at besides the agent
-	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sb.Pid))
-	ents, _ := os.ReadDir("/proc")
-	seen := 0
-	for _, ent := range ents {
-		if l, _ := os.Readlink("/proc/" + ent.Name() + "/ns/pid"); l != ns {
-			continue
-		}
-		seen++
-		for _, f := range []string{"environ", "cmdline"} {
-			if b, _ := os.ReadFile("/proc/" + ent.Name() + "/" + f); strings.Contains(string(b), secret) {
-				t.Errorf("the secret is in /proc/%s/%s of a sandbox process", ent.Name(), f)
-			}
-		}
-	}
-	if seen < 2 {
-		t.Fatalf("looked at %d sandbox processes", seen)
-	}
+	secretAbsent(t, e, sb, secret, 2)
 	// The sandbox record keeps the reference, not the value.
 	got, _ := e.c.Get(ctx, sb.ID)
 	if doc, _ := json.Marshal(got); strings.Contains(string(doc), secret) {
@@ -659,6 +637,44 @@ func TestSecretHeaders(t *testing.T) {
 	_, err := e.c.Create(ctx, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"},
 		SecretHeaders: []api.SecretHeader{{Host: "allowed.test", Header: "Authorization", Value: "${NO_SUCH_SECRET_X}"}}}})
 	wantKind(t, err, api.KindInvalid)
+}
+
+// secretAbsent checks that secret is nowhere inside sb, from the host, so
+// the check itself does not carry it in: not in the sandbox's files (its
+// writable layers), nor in the environment or command line of any of its
+// processes (at least minProcs of them). It returns the pids it looked at.
+func secretAbsent(t *testing.T, e *env, sb *api.Sandbox, secret string, minProcs int) []int {
+	t.Helper()
+	filepath.WalkDir(filepath.Join(e.data, "sandboxes", sb.ID, "upper"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if b, _ := os.ReadFile(p); strings.Contains(string(b), secret) {
+				t.Errorf("the secret is in the sandbox's file %s", p)
+			}
+		}
+		return nil
+	})
+	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sb.Pid))
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		if l, _ := os.Readlink("/proc/" + ent.Name() + "/ns/pid"); l != ns {
+			continue
+		}
+		pids = append(pids, pid)
+		for _, f := range []string{"environ", "cmdline"} {
+			if b, _ := os.ReadFile("/proc/" + ent.Name() + "/" + f); strings.Contains(string(b), secret) {
+				t.Errorf("the secret is in /proc/%s/%s of a sandbox process", ent.Name(), f)
+			}
+		}
+	}
+	if len(pids) < minProcs {
+		t.Fatalf("looked at %d sandbox processes, want at least %d", len(pids), minProcs)
+	}
+	return pids
 }
 
 // Per-sandbox limits: connection rate, total egress bytes, bandwidth.
