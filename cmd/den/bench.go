@@ -53,6 +53,10 @@ host supports; a peer whose binary is missing is skipped with the reason):
   ssh            ssh ID@host true through den's SSH gateway ($DEN_SSH_HOST,
                  $DEN_SSH_PORT: 127.0.0.1:2222), key exchange included, vs
                  OpenSSH's sshd on loopback; -n (100). Target: p50 <= 100ms.
+  mcp            exec of true through MCP: over stdio (this den binary as
+                 den mcp) and the daemon's /mcp (streamable HTTP, with a
+                 unix socket host), vs the same exec through the HTTP API;
+                 -n (500). Target: stdio p50 <= 5ms.
 
 The microVM's cold start against a raw QEMU boot of the same kernel and
 initramfs is measured by go test -bench 'RawBoot|ColdStart'
@@ -90,7 +94,7 @@ const (
 	benchRebuildS    = 1.0 // a rebuild with nothing changed <= 1 s
 )
 
-var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc", "gvisor", "ssh"}
+var benchScenarioNames = []string{"cold", "cold-parallel", "exec", "reattach", "procs", "image-size", "rebuild", "egress", "snapshot", "pause", "density", "runsc", "gvisor", "ssh", "mcp"}
 
 // benchBwrapArgv is the bwrap peer: the namespace floor.
 var benchBwrapArgv = []string{"bwrap", "--unshare-all", "--die-with-parent",
@@ -587,6 +591,8 @@ func (b *bench) run(ctx context.Context, scenarios []string) error {
 			err = b.runscScenario(ctx)
 		case "gvisor":
 			err = b.gvisorScenario(ctx)
+		case "mcp":
+			err = b.mcpScenario(ctx)
 		case "ssh":
 			err = b.sshScenario(ctx)
 		}
