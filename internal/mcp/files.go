@@ -338,16 +338,16 @@ type globIn struct {
 	Limit   int    `json:"limit,omitempty" jsonschema:"at most this many paths (default 1000, at most 10000)"`
 }
 
-func (s *server) glob(ctx context.Context, req *sdk.CallToolRequest, in globIn) (*sdk.CallToolResult, *api.GlobResult, error) {
+func (s *server) glob(ctx context.Context, req *sdk.CallToolRequest, in globIn) (*sdk.CallToolResult, api.GlobResult, error) {
 	c, id, err := s.call(req, in.sandboxArg)
 	if err != nil {
-		return nil, nil, err
+		return nil, api.GlobResult{}, err
 	}
 	res, err := c.Glob(ctx, id, in.Pattern, client.GlobOptions{Path: in.Path, Limit: in.Limit})
 	if err != nil {
-		return nil, nil, toolError(err)
+		return nil, api.GlobResult{}, toolError(err)
 	}
-	return nil, res, nil
+	return nil, *res, nil
 }
 
 type grepIn struct {
@@ -359,14 +359,14 @@ type grepIn struct {
 	Limit      int    `json:"limit,omitempty" jsonschema:"at most this many matching lines (default 1000, at most 10000)"`
 }
 
-func (s *server) grep(ctx context.Context, req *sdk.CallToolRequest, in grepIn) (*sdk.CallToolResult, *api.GrepResult, error) {
+func (s *server) grep(ctx context.Context, req *sdk.CallToolRequest, in grepIn) (*sdk.CallToolResult, api.GrepResult, error) {
 	c, id, err := s.call(req, in.sandboxArg)
 	if err != nil {
-		return nil, nil, err
+		return nil, api.GrepResult{}, err
 	}
 	res, err := c.Grep(ctx, id, in.Pattern, client.GrepOptions{Path: in.Path, Glob: in.Glob, IgnoreCase: in.IgnoreCase, Limit: in.Limit})
 	if err != nil {
-		return nil, nil, toolError(err)
+		return nil, api.GrepResult{}, toolError(err)
 	}
-	return nil, res, nil
+	return nil, *res, nil
 }
