@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +37,11 @@ func TestMain(m *testing.M) {
 	if linux.IsInit(os.Args[1:]) {
 		linux.Init()
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if denBinary.path != "" {
+		os.RemoveAll(filepath.Dir(denBinary.path))
+	}
+	os.Exit(code)
 }
 
 // daemon is a real den daemon stack in this process: the API on a unix
@@ -74,7 +79,8 @@ func newDaemon(t *testing.T) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := linux.New(linux.Config{RunDir: fmt.Sprintf("/run/den-e2e/mcp-%d-%d", os.Getpid(), n), CgroupName: "den-e2e"})
+	runDir := fmt.Sprintf("/run/den-e2e/mcp-%d-%d", os.Getpid(), n)
+	rt, err := linux.New(linux.Config{RunDir: runDir, CgroupName: "den-e2e"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +122,9 @@ func newDaemon(t *testing.T) *daemon {
 		m.Close()
 		st.Close()
 		db.Close()
+		// The runtime makes its run directory a mount point of its own.
+		syscall.Unmount(runDir, syscall.MNT_DETACH)
+		os.RemoveAll(runDir)
 	})
 	return d
 }
