@@ -141,6 +141,26 @@ func TestSnapshotDiffExport(t *testing.T) {
 	os.WriteFile(filepath.Join(chk, "p.diff"), d.Patch, 0o644)
 	gitwstest.Git(t, chk, "apply", "--index", "p.diff")
 
+	// Snapshots at once (two diffs of one sandbox) take turns and agree.
+	heads := make(chan string, 4)
+	for range 4 {
+		go func() {
+			unlock := repo.Lock()
+			defer unlock()
+			s, err := repo.Snapshot(ctx, dirInside{ws}, "uncommitted")
+			if err != nil {
+				heads <- err.Error()
+				return
+			}
+			heads <- s.Head
+		}()
+	}
+	for range 4 {
+		if h := <-heads; h != snap.Head {
+			t.Errorf("a concurrent snapshot: %s, want %s", h, snap.Head)
+		}
+	}
+
 	res, err := repo.Export(ctx, snap, "feature", false)
 	if err != nil {
 		t.Fatal(err)

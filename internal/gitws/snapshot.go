@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/den-dev/den/api"
@@ -535,9 +538,12 @@ func (r *Repo) Export(ctx context.Context, snap *Snapshot, branch string, force 
 	}
 	ref := "refs/heads/" + branch
 	host := r.Meta.HostPath
-	if _, err := runS(ctx, host, "rev-parse", "--absolute-git-dir"); err != nil {
+	gitDir, err := runS(ctx, host, "rev-parse", "--path-format=absolute", "--git-common-dir")
+	if err != nil {
 		return nil, api.Errorf(api.KindConflict, "the host repository %s is gone: %s", host, stderrOf(err))
 	}
+	start := time.Now().Add(-time.Second)
+	defer keepOwner(gitDir, start)
 	wl, err := runS(ctx, host, "worktree", "list", "--porcelain")
 	if err != nil {
 		return nil, err
@@ -572,6 +578,47 @@ func (r *Repo) Export(ctx context.Context, snap *Snapshot, branch string, force 
 	n, _ := runS(ctx, r.Dir, "rev-list", "--count", r.Meta.Base+".."+snap.Head)
 	count, _ := strconv.Atoi(n)
 	return &api.ExportResult{Repository: host, Branch: branch, Commit: snap.Head, Base: r.Meta.Base, Previous: old, Commits: count}, nil
+}
+
+// keepOwner gives the files the export made in a host repository (objects,
+// refs, reflogs) to the repository's owner, so a user's repository does not
+// end up with root-owned files its owner cannot replace.
+func keepOwner(gitDir string, since time.Time) {
+	st, err := os.Stat(gitDir)
+	if err != nil {
+		return
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || int(sys.Uid) == os.Geteuid() {
+		return
+	}
+	me := uint32(os.Geteuid())
+	for _, sub := range []string{"objects", "refs", "logs", "packed-refs"} {
+		filepath.WalkDir(filepath.Join(gitDir, sub), func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return nil
+			}
+			info, err := d.Info()
+			if err != nil {
+				return nil
+			}
+			if fs, ok := info.Sys().(*syscall.Stat_t); ok && fs.Uid == me && !info.ModTime().Before(since) {
+				os.Lchown(p, int(sys.Uid), int(sys.Gid))
+			}
+			return nil
+		})
+	}
+}
+
+// locks serialises snapshots of one workspace (they share refs/den/*).
+var locks sync.Map
+
+// Lock holds the workspace for one snapshot and its diff or export.
+func (r *Repo) Lock() (unlock func()) {
+	v, _ := locks.LoadOrStore(r.Dir, new(sync.Mutex))
+	mu := v.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
 }
 
 // CheckBranch validates a branch name for export.

@@ -178,35 +178,39 @@ func (in inside) Bundle(ctx context.Context, base string, w io.Writer) (bool, er
 	return werr == nil && n > 0 && st.Reason == api.ReasonExited && st.ExitCode == 0, nil
 }
 
-// snapshot resolves the sandbox and records its workspace.
-func (s *Server) snapshot(r *http.Request, message string) (*gitws.Repo, *gitws.Snapshot, error) {
+// snapshot resolves the sandbox and records its workspace, holding the
+// workspace until the caller is done with the snapshot (unlock).
+func (s *Server) snapshot(r *http.Request, message string) (*gitws.Repo, *gitws.Snapshot, func(), error) {
 	sb, err := s.m.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	repo, err := s.gitStore().Open(sb.ID)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if sb.State != api.StateRunning && sb.State != api.StatePaused && sb.State != api.StateHibernated {
-		return nil, nil, api.Errorf(api.KindConflict, "sandbox %s is %s: start it (den start) to read its workspace", sb.ID[:12], sb.State)
+		return nil, nil, nil, api.Errorf(api.KindConflict, "sandbox %s is %s: start it (den start) to read its workspace", sb.ID[:12], sb.State)
 	}
 	if message == "" {
 		message = "den: changes in sandbox " + sb.ID[:12]
 	}
+	unlock := repo.Lock()
 	snap, err := repo.Snapshot(r.Context(), inside{s, sb.ID}, message)
 	if err != nil {
-		return nil, nil, err
+		unlock()
+		return nil, nil, nil, err
 	}
-	return repo, snap, nil
+	return repo, snap, unlock, nil
 }
 
 func (s *Server) gitDiff(w http.ResponseWriter, r *http.Request) {
-	repo, snap, err := s.snapshot(r, "")
+	repo, snap, unlock, err := s.snapshot(r, "")
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer unlock()
 	d, err := repo.Diff(r.Context(), snap)
 	if err != nil {
 		writeError(w, err)
@@ -233,11 +237,12 @@ func (s *Server) gitExport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.KindUnauthorized, "export writes to a repository on the host, which only the daemon's administrator may do; use GET .../diff for a patch"))
 		return
 	}
-	repo, snap, err := s.snapshot(r, req.Message)
+	repo, snap, unlock, err := s.snapshot(r, req.Message)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer unlock()
 	res, err := repo.Export(r.Context(), snap, req.Branch, req.Force)
 	if err != nil {
 		writeError(w, err)

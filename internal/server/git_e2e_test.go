@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/den-dev/den/api"
@@ -44,7 +45,7 @@ func hostState(t *testing.T, dir string) string {
 	t.Helper()
 	idx, _ := os.ReadFile(filepath.Join(dir, ".git", "index"))
 	return gitHost(t, dir, "rev-parse", "HEAD") + " " + gitHost(t, dir, "symbolic-ref", "HEAD") + " " +
-		gitHost(t, dir, "status", "--porcelain", "--ignored") + " " + fmt.Sprintf("%x", sha256.Sum256(idx))
+		gitHost(t, dir, "--no-optional-locks", "status", "--porcelain", "--ignored") + " " + fmt.Sprintf("%x", sha256.Sum256(idx))
 }
 
 func TestGitWorkspace(t *testing.T) {
@@ -100,6 +101,8 @@ func TestGitWorkspace(t *testing.T) {
 	os.WriteFile(filepath.Join(chk, ".git", "p.diff"), d.Patch, 0o644)
 	gitHost(t, chk, "apply", "--index", ".git/p.diff")
 
+	// The host repository belongs to a user: what export adds is theirs too.
+	filepath.WalkDir(host, func(p string, d os.DirEntry, err error) error { return os.Lchown(p, 1000, 1000) })
 	before := hostState(t, host)
 	res, err := e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: "agent/feature", Message: "wip from the sandbox"})
 	if err != nil {
@@ -111,6 +114,12 @@ func TestGitWorkspace(t *testing.T) {
 	if after := hostState(t, host); after != before {
 		t.Errorf("export touched the host's HEAD, index or working tree:\n%s\n%s", before, after)
 	}
+	filepath.WalkDir(filepath.Join(host, ".git"), func(p string, d os.DirEntry, err error) error {
+		if info, err := d.Info(); err == nil && info.Sys().(*syscall.Stat_t).Uid != 1000 {
+			t.Errorf("export left %s owned by uid %d, not the repository's owner", p, info.Sys().(*syscall.Stat_t).Uid)
+		}
+		return nil
+	})
 	// The branch's tree is the workspace's: same files, modes and symlink.
 	if tree, wantTree := gitHost(t, host, "rev-parse", "agent/feature^{tree}"), gitHost(t, chk, "write-tree"); tree != wantTree {
 		t.Errorf("exported tree %s, the patched clone's %s", tree, wantTree)
