@@ -335,3 +335,38 @@ func TestGitSymlinkExport(t *testing.T) {
 		}
 	}
 }
+
+// A URL is cloned by the daemon (here git's "dumb" HTTP protocol from a
+// loopback file server); the clone inside keeps the URL as origin, diff
+// works, and export has no host repository to write to.
+func TestGitCreateFromURL(t *testing.T) {
+	e := newGitEnv(t)
+	src := newGitRepo(t)
+	served := t.TempDir()
+	gitHost(t, served, "clone", "-q", "--bare", src, "app.git")
+	gitHost(t, filepath.Join(served, "app.git"), "update-server-info")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.FileServer(http.Dir(served))}
+	go hs.Serve(ln)
+	defer hs.Close()
+	url := "http://" + ln.Addr().String() + "/app.git"
+	sb := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: url, Branch: "other"}})
+	out := e.sh(t, sb.ID, "cd /workspace && git remote get-url origin && cat other.txt && echo new > added.txt")
+	if out.ExitCode != 0 || string(out.Stdout) != url+"\nother\n" {
+		t.Fatalf("inside: %q %s", out.Stdout, out.Stderr)
+	}
+	d, err := e.c.Diff(context.Background(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Source != url || len(d.Files) != 1 || d.Files[0].Path != "added.txt" || d.Files[0].Status != "A" {
+		t.Errorf("diff: source %s, files %+v", d.Source, d.Files)
+	}
+	_, err = e.c.Export(context.Background(), sb.ID, api.ExportRequest{Branch: "x"})
+	if ae := wantKind(t, err, api.KindInvalid); !strings.Contains(ae.Message, "den diff") {
+		t.Errorf("export of a URL workspace: %s", ae.Message)
+	}
+}
