@@ -370,3 +370,40 @@ func TestGitCreateFromURL(t *testing.T) {
 		t.Errorf("export of a URL workspace: %s", ae.Message)
 	}
 }
+
+// The workspace goes in and comes out through the agent, so it works on
+// every tier: gvisor with the host image (git inside, a commit carried
+// over) and microvm with a busybox image (no git inside: the changes come
+// out as one commit).
+func TestGitWorkspaceTiers(t *testing.T) {
+	e := newTierEnv(t)
+	e.c = clientAs(t, e, server.AdminPrincipal)
+	host := newGitRepo(t)
+	for _, tc := range []struct {
+		tier, script string
+		commits      int
+	}{
+		{"gvisor", "cd /workspace && echo two > edit.txt && git -c user.name=a -c user.email=a@b commit -qam inside && echo x > new.txt", 2},
+		{"microvm", "cd /workspace && echo two > edit.txt && echo x > new.txt", 1},
+	} {
+		t.Run(tc.tier, func(t *testing.T) {
+			e.need(t, tc.tier)
+			req := api.CreateRequest{Runtime: tc.tier, Git: &api.GitSource{URL: host}}
+			if tc.tier == "microvm" {
+				req.Image = e.busyboxImage(t)
+			}
+			sb := e.create(t, req)
+			defer e.c.Remove(context.Background(), sb.ID, true)
+			if out := e.sh(t, sb.ID, tc.script); out.ExitCode != 0 {
+				t.Fatalf("change the workspace: %s", out.Stderr)
+			}
+			d, err := e.c.Diff(context.Background(), sb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.Commits) != tc.commits || len(d.Files) != 2 {
+				t.Errorf("commits %+v, files %+v", d.Commits, d.Files)
+			}
+		})
+	}
+}
