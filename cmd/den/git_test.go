@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,51 +26,38 @@ var testPatch = []byte("diff --git a/b.bin b/b.bin\nGIT binary patch\n\x00\xff o
 func newGitDaemon(t *testing.T) *gitDaemon {
 	t.Helper()
 	g := &gitDaemon{}
-	sock := filepath.Join(t.TempDir(), "den.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.host = "unix://" + sock
-	mux := http.NewServeMux()
-	reply := func(w http.ResponseWriter, status int, v any) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		json.NewEncoder(w).Encode(v)
-	}
-	mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
-		var req api.CreateRequest
-		json.NewDecoder(r.Body).Decode(&req)
-		g.mu.Lock()
-		g.creates = append(g.creates, req)
-		g.mu.Unlock()
-		reply(w, 201, api.Sandbox{ID: "0123456789abcdef", State: api.StateRunning})
+	g.host = miniDaemon(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+			var req api.CreateRequest
+			json.NewDecoder(r.Body).Decode(&req)
+			g.mu.Lock()
+			g.creates = append(g.creates, req)
+			g.mu.Unlock()
+			replyJSON(w, 201, api.Sandbox{ID: "0123456789abcdef", State: api.StateRunning})
+		})
+		mux.HandleFunc("GET /v1/sandboxes/{id}/diff", func(w http.ResponseWriter, r *http.Request) {
+			if r.PathValue("id") != "box" {
+				replyJSON(w, 404, api.ErrorDoc{Error: api.Errorf(api.KindNotFound, "no sandbox %q", r.PathValue("id"))})
+				return
+			}
+			replyJSON(w, 200, api.Diff{Source: "/src/app", Branch: "den/box", Base: strings.Repeat("a", 40), Head: strings.Repeat("b", 40),
+				Commits: []api.DiffCommit{{Commit: strings.Repeat("c", 40), Subject: "agent: fix"}},
+				Files:   []api.DiffFile{{Path: "b.bin", Status: "A"}, {Path: "new name", OldPath: "old", Status: "R"}},
+				Patch:   testPatch})
+		})
+		mux.HandleFunc("POST /v1/sandboxes/{id}/export", func(w http.ResponseWriter, r *http.Request) {
+			var req api.ExportRequest
+			json.NewDecoder(r.Body).Decode(&req)
+			g.mu.Lock()
+			g.exports = append(g.exports, req)
+			g.mu.Unlock()
+			if req.Branch == "main" {
+				replyJSON(w, 409, api.ErrorDoc{Error: api.Errorf(api.KindConflict, "branch main is checked out in /src/app (a worktree of it): export to another branch")})
+				return
+			}
+			replyJSON(w, 200, api.ExportResult{Repository: "/src/app", Branch: req.Branch, Commit: strings.Repeat("d", 40), Base: strings.Repeat("a", 40), Commits: 2})
+		})
 	})
-	mux.HandleFunc("GET /v1/sandboxes/{id}/diff", func(w http.ResponseWriter, r *http.Request) {
-		if r.PathValue("id") != "box" {
-			reply(w, 404, api.ErrorDoc{Error: api.Errorf(api.KindNotFound, "no sandbox %q", r.PathValue("id"))})
-			return
-		}
-		reply(w, 200, api.Diff{Source: "/src/app", Branch: "den/box", Base: strings.Repeat("a", 40), Head: strings.Repeat("b", 40),
-			Commits: []api.DiffCommit{{Commit: strings.Repeat("c", 40), Subject: "agent: fix"}},
-			Files:   []api.DiffFile{{Path: "b.bin", Status: "A"}, {Path: "new name", OldPath: "old", Status: "R"}},
-			Patch:   testPatch})
-	})
-	mux.HandleFunc("POST /v1/sandboxes/{id}/export", func(w http.ResponseWriter, r *http.Request) {
-		var req api.ExportRequest
-		json.NewDecoder(r.Body).Decode(&req)
-		g.mu.Lock()
-		g.exports = append(g.exports, req)
-		g.mu.Unlock()
-		if req.Branch == "main" {
-			reply(w, 409, api.ErrorDoc{Error: api.Errorf(api.KindConflict, "branch main is checked out in /src/app (a worktree of it): export to another branch")})
-			return
-		}
-		reply(w, 200, api.ExportResult{Repository: "/src/app", Branch: req.Branch, Commit: strings.Repeat("d", 40), Base: strings.Repeat("a", 40), Commits: 2})
-	})
-	srv := &http.Server{Handler: mux}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
 	return g
 }
 
