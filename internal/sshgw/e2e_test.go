@@ -325,6 +325,20 @@ func (e *env) waitLog(t *testing.T, s string) string {
 	}
 }
 
+// logged reports whether one line of the gateway's log has all of parts.
+func (e *env) logged(parts ...string) bool {
+	for _, line := range strings.Split(e.log.String(), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
 // refusedEvents counts the ssh.refused events that mention s.
 func (e *env) refusedEvents(t *testing.T, s string) int {
 	t.Helper()
@@ -348,9 +362,12 @@ func (e *env) checkRefused(t *testing.T, r result, fp, why string) {
 	if r.code != 255 || !strings.Contains(r.stderr, "Permission denied") {
 		t.Fatalf("want ssh refused (255, Permission denied), got %d: %q %q", r.code, r.stdout, r.stderr)
 	}
-	l := e.waitLog(t, why)
-	if !strings.Contains(l, "ssh: login refused") || !strings.Contains(l, fp) {
-		t.Errorf("the log does not record the refusal of %s:\n%s", fp, l)
+	deadline := time.Now().Add(10 * time.Second)
+	for !e.logged("ssh: login refused", fp, why) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the log does not record the refusal of %s (%s):\n%s", fp, why, e.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if e.refusedEvents(t, fp) == 0 {
 		t.Errorf("no ssh.refused event for %s", fp)

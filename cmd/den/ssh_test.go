@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSSHCommandLine(t *testing.T) {
+	f := newFakeDaemon(t)
+	cfg := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", cfg)
+	t.Setenv("DEN_SSH_PORT", "2299")
+	t.Setenv("DEN_SSH_HOST", "")
+	// With the daemon's host key readable, it is pinned.
+	data := t.TempDir()
+	pub := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHpg3lL4jKGMVDIX7VJ+Ft/X5YGzXnF1lLlGMJ0W+qNx den ssh gateway\n"
+	if err := os.WriteFile(filepath.Join(data, sshHostKeyFile+".pub"), []byte(pub), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := den(t, f, "", "ssh", "--json", "--data", data, "-L", "8080:localhost:8000", "web", "--", "uname", "-a")
+	if r.code != 0 {
+		t.Fatalf("den ssh --json: %+v", r)
+	}
+	var out struct {
+		Argv       []string `json:"argv"`
+		KnownHosts string   `json:"known_hosts"`
+		Checking   string   `json:"host_key_checking"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("den ssh --json printed %q: %v", r.stdout, err)
+	}
+	got := strings.Join(out.Argv, " ")
+	for _, want := range []string{"ssh -p 2299 ", "-L 8080:localhost:8000", "StrictHostKeyChecking=yes", " web@127.0.0.1 -- uname -a"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("den ssh argv %q lacks %q", got, want)
+		}
+	}
+	known, err := os.ReadFile(out.KnownHosts)
+	if err != nil || !strings.HasPrefix(string(known), "[127.0.0.1]:2299 ssh-ed25519 AAAAC3") {
+		t.Errorf("known_hosts %s: %q (%v), want the pinned host key", out.KnownHosts, known, err)
+	}
+	// Without it, the first connection records the key.
+	r = den(t, f, "", "ssh", "--print", "--data", t.TempDir(), "web")
+	if r.code != 0 || !strings.Contains(r.stdout, "StrictHostKeyChecking=accept-new") || !strings.HasSuffix(strings.TrimSpace(r.stdout), "web@127.0.0.1") {
+		t.Errorf("den ssh --print without the host key: %+v", r)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"ssh"}, 2, "one sandbox ID"},
+		{[]string{"ssh", "--print", "-p", "70000", "web"}, 2, "not a TCP port"},
+		{[]string{"ssh", "--print", "a@b"}, 2, "bad sandbox ID"},
+	} {
+		r := den(t, f, "", tc.args...)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("den %v: exit %d, stderr %q; want %d and %q", tc.args, r.code, r.stderr, tc.code, tc.want)
+		}
+	}
+}
+
+func TestSSHKeyAddInput(t *testing.T) {
+	f := newFakeDaemon(t)
+	dir := t.TempDir()
+	two := filepath.Join(dir, "two.pub")
+	os.WriteFile(two, []byte("ssh-ed25519 AAAA1 a\nssh-ed25519 AAAA2 b\n"), 0o644)
+	empty := filepath.Join(dir, "empty.pub")
+	os.WriteFile(empty, []byte("# nothing\n\n"), 0o644)
+	n := len(f.log)
+	for _, tc := range []struct {
+		args  []string
+		stdin string
+		code  int
+		want  string
+	}{
+		{[]string{"ssh-key", "add"}, "", 2, "one KEYFILE"},
+		{[]string{"ssh-key", "add", filepath.Join(dir, "missing.pub")}, "", 1, "read the key"},
+		{[]string{"ssh-key", "add", two}, "", 1, "one key at a time"},
+		{[]string{"ssh-key", "add", empty}, "", 1, "no key in the input"},
+		{[]string{"ssh-key", "add", "-"}, "", 1, "no key in the input"},
+		{[]string{"ssh-key", "rm"}, "", 2, "at least one key ID"},
+		{[]string{"ssh-key", "ls", "x"}, "", 2, "takes no arguments"},
+	} {
+		r := den(t, f, tc.stdin, tc.args...)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("den %v: exit %d, stderr %q; want %d and %q", tc.args, r.code, r.stderr, tc.code, tc.want)
+		}
+	}
+	if len(f.log) != n {
+		t.Errorf("bad input reached the daemon: %q", f.log[n:])
+	}
+}
