@@ -2,9 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -25,46 +23,33 @@ type tokenDaemon struct {
 func newTokenDaemon(t *testing.T) *tokenDaemon {
 	t.Helper()
 	d := &tokenDaemon{}
-	sock := filepath.Join(t.TempDir(), "den.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	send := func(w http.ResponseWriter, status int, v any) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		json.NewEncoder(w).Encode(v)
-	}
-	mux.HandleFunc("POST /v1/tokens", func(w http.ResponseWriter, r *http.Request) {
-		var req api.TokenRequest
-		json.NewDecoder(r.Body).Decode(&req)
-		d.mu.Lock()
-		d.reqs = append(d.reqs, req)
-		d.mu.Unlock()
-		if req.Name == "taken" {
-			send(w, 409, api.ErrorDoc{Error: api.Errorf(api.KindExists, "a token named %q already exists", req.Name)})
-			return
-		}
-		send(w, 201, api.Token{ID: "0123456789abcdef", Name: req.Name, MaxSandboxes: req.MaxSandboxes, CPUs: req.CPUs, Memory: req.Memory, Token: "den_SECRET", CreatedAt: time.Now()})
+	d.host = miniDaemon(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /v1/tokens", func(w http.ResponseWriter, r *http.Request) {
+			var req api.TokenRequest
+			json.NewDecoder(r.Body).Decode(&req)
+			d.mu.Lock()
+			d.reqs = append(d.reqs, req)
+			d.mu.Unlock()
+			if req.Name == "taken" {
+				replyJSON(w, 409, api.ErrorDoc{Error: api.Errorf(api.KindExists, "a token named %q already exists", req.Name)})
+				return
+			}
+			replyJSON(w, 201, api.Token{ID: "0123456789abcdef", Name: req.Name, MaxSandboxes: req.MaxSandboxes, CPUs: req.CPUs, Memory: req.Memory, Token: "den_SECRET", CreatedAt: time.Now()})
+		})
+		mux.HandleFunc("GET /v1/tokens", func(w http.ResponseWriter, r *http.Request) {
+			replyJSON(w, 200, []api.Token{{ID: "0123456789abcdef", Name: "agent-1", MaxSandboxes: 5, CPUs: 1.5, Memory: 1 << 30, Sandboxes: 2, CreatedAt: time.Now()}})
+		})
+		mux.HandleFunc("DELETE /v1/tokens/{id}", func(w http.ResponseWriter, r *http.Request) {
+			if r.PathValue("id") != "agent-1" {
+				replyJSON(w, 404, api.ErrorDoc{Error: api.Errorf(api.KindNotFound, "no token %q", r.PathValue("id"))})
+				return
+			}
+			d.mu.Lock()
+			d.gone = append(d.gone, r.PathValue("id"))
+			d.mu.Unlock()
+			w.WriteHeader(204)
+		})
 	})
-	mux.HandleFunc("GET /v1/tokens", func(w http.ResponseWriter, r *http.Request) {
-		send(w, 200, []api.Token{{ID: "0123456789abcdef", Name: "agent-1", MaxSandboxes: 5, CPUs: 1.5, Memory: 1 << 30, Sandboxes: 2, CreatedAt: time.Now()}})
-	})
-	mux.HandleFunc("DELETE /v1/tokens/{id}", func(w http.ResponseWriter, r *http.Request) {
-		if r.PathValue("id") != "agent-1" {
-			send(w, 404, api.ErrorDoc{Error: api.Errorf(api.KindNotFound, "no token %q", r.PathValue("id"))})
-			return
-		}
-		d.mu.Lock()
-		d.gone = append(d.gone, r.PathValue("id"))
-		d.mu.Unlock()
-		w.WriteHeader(204)
-	})
-	srv := &http.Server{Handler: mux}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	d.host = "unix://" + sock
 	return d
 }
 
