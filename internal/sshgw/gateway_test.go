@@ -35,6 +35,11 @@ func TestCommandExitStatusAndStreams(t *testing.T) {
 	if r.code != 0 || strings.TrimSpace(r.stdout) == "" {
 		t.Fatalf("hostname by id: exit %d, %q %q", r.code, r.stdout, r.stderr)
 	}
+	// A shell without a terminal reads its commands from the stream.
+	r = e.ssh(t, strings.NewReader("echo from-shell; exit 5\n"), e.key, "sshbox", "-T")
+	if r.code != 5 || !strings.Contains(r.stdout, "from-shell") {
+		t.Fatalf("ssh -T with commands on stdin: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
 	// A command killed by a signal is reported as one (ssh exits 255).
 	r = e.ssh(t, nil, e.key, "sshbox", "kill -9 $$")
 	if r.code != 255 {
@@ -368,5 +373,22 @@ func TestSSHKeyAPIBadInput(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("the admin's key is not listed as expected: %+v", keys)
+	}
+}
+
+func TestStoppedSandbox(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	sb, err := e.c.Create(ctx, api.CreateRequest{Name: "ssh-stopped"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.c.Remove(ctx, sb.ID, true)
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	r := e.ssh(t, nil, e.key, "ssh-stopped", "true")
+	if r.code != 255 || !strings.Contains(r.stderr, "den: ") || !strings.Contains(r.stderr, "is stopped") {
+		t.Fatalf("a command in a stopped sandbox: exit %d, stderr %q; want 255 and den's error", r.code, r.stderr)
 	}
 }
