@@ -162,6 +162,9 @@ func (in inside) Archive(ctx context.Context) (io.ReadCloser, error) {
 // Bundle runs the sandbox's own git, inside, as its user: the bundle comes
 // out on standard output and is only ever parsed by the host's git as data.
 func (in inside) Bundle(ctx context.Context, base string, w io.Writer) (bool, error) {
+	if !isHex(base) {
+		return false, fmt.Errorf("base %q is not a commit id", base)
+	}
 	script := fmt.Sprintf(`cd %s && h=$(git -c safe.directory='*' rev-parse --verify -q 'HEAD^{commit}') && [ "$h" != %s ] && exec git -c safe.directory='*' bundle create --quiet - %s..HEAD`, gitws.WorkDir, base, base)
 	n := 0
 	var werr error
@@ -249,4 +252,16 @@ func (s *Server) gitExport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, res)
+}
+
+func isHex(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
 }
