@@ -88,6 +88,41 @@ var (
 	devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 )
 
+// MaskPaths hides the kernel interfaces a sandbox has no business with
+// under root (its /proc and /sys mounted): Docker's masked paths become an
+// empty read-only tmpfs or /dev/null, its read-only paths read-only. root's
+// /dev/null must exist.
+func MaskPaths(root string) error {
+	const nosuidnodev = unix.MS_NOSUID | unix.MS_NODEV
+	p := func(rel string) string { return filepath.Join(root, rel) }
+	for _, m := range maskedPaths {
+		st, err := os.Stat(p(m))
+		if err != nil {
+			continue
+		}
+		if st.IsDir() {
+			err = unix.Mount("tmpfs", p(m), "tmpfs", unix.MS_RDONLY|nosuidnodev|unix.MS_NOEXEC, "size=0")
+		} else {
+			err = unix.Mount(p("/dev/null"), p(m), "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			return fmt.Errorf("mask %s: %w", m, err)
+		}
+	}
+	for _, ro := range readonlyPaths {
+		if _, err := os.Stat(p(ro)); err != nil {
+			continue
+		}
+		if err := unix.Mount(p(ro), p(ro), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", ro, err)
+		}
+		if err := unix.Mount("", p(ro), "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", ro, err)
+		}
+	}
+	return nil
+}
+
 func setupRoot(cfg initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -152,30 +187,8 @@ func setupRoot(cfg initConfig) error {
 			return fmt.Errorf("symlink %s: %w", link, err)
 		}
 	}
-	for _, m := range maskedPaths {
-		st, err := os.Stat(p(m))
-		if err != nil {
-			continue
-		}
-		if st.IsDir() {
-			err = unix.Mount("tmpfs", p(m), "tmpfs", unix.MS_RDONLY|nosuidnodev|unix.MS_NOEXEC, "size=0")
-		} else {
-			err = unix.Mount(p("/dev/null"), p(m), "", unix.MS_BIND, "")
-		}
-		if err != nil {
-			return fmt.Errorf("mask %s: %w", m, err)
-		}
-	}
-	for _, ro := range readonlyPaths {
-		if _, err := os.Stat(p(ro)); err != nil {
-			continue
-		}
-		if err := unix.Mount(p(ro), p(ro), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind %s: %w", ro, err)
-		}
-		if err := unix.Mount("", p(ro), "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
-			return fmt.Errorf("make %s read-only: %w", ro, err)
-		}
+	if err := MaskPaths(root); err != nil {
+		return err
 	}
 	// pivot_root(".", ".") stacks the old root on the new one; detaching it
 	// drops every host mount from this namespace.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/confine"
+	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -41,7 +42,9 @@ const (
 	agentPort  = "den.agent"
 	// ctlPort carries the daemon's requests to the guest init itself,
 	// one line each: "sync" flushes the guest's filesystems (killing
-	// QEMU loses its page cache), answered "ok".
+	// QEMU loses its page cache), answered "ok"; "crash" panics the guest
+	// kernel (how the tests check that a guest panic is reported; the
+	// host could end the VM anyway, and no command inside reaches it).
 	ctlPort = "den.ctl"
 )
 
@@ -193,6 +196,8 @@ func serveCtl() {
 			case "sync":
 				unix.Sync()
 				f.Write([]byte("ok\n"))
+			case "crash":
+				os.WriteFile("/proc/sysrq-trigger", []byte("c"), 0)
 			default:
 				f.Write([]byte("unknown\n"))
 			}
@@ -415,7 +420,7 @@ func agentMain() {
 	unix.Chdir("/")
 	port := os.NewFile(3, "agent-port")
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	a, err := agent.New(agent.Options{Confine: func() error { return confine.Apply(confine.Default()) }})
+	a, err := agent.New(agent.Options{Confine: func() error { return confine.Apply(guestPolicy()) }})
 	if err != nil {
 		fail(fmt.Errorf("start agent: %w", err))
 	}
@@ -474,5 +479,23 @@ func boxMounts(root string) error {
 			return fmt.Errorf("symlink %s: %w", link, err)
 		}
 	}
-	return nil
+	// The guest's kernel interfaces are hidden as on the linux tier: a
+	// command must not crash or reboot the guest through sysrq, or read
+	// its kernel's memory.
+	return linux.MaskPaths(root)
+}
+
+// guestPolicy is den's default confinement without CAP_MKNOD: the guest
+// kernel has no device cgroup, so a device node made inside would open the
+// VM's disks raw (the linux tier's user namespace refuses mknod already).
+func guestPolicy() confine.Policy {
+	p := confine.Default()
+	caps := p.Caps[:0:0]
+	for _, c := range p.Caps {
+		if c != confine.CapMknod {
+			caps = append(caps, c)
+		}
+	}
+	p.Caps = caps
+	return p
 }

@@ -1,0 +1,165 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+)
+
+// TestTierAttacks runs the threat list of ../shared/ANCHORS.md that concerns
+// the isolation boundary against every tier this machine runs: kernel
+// attack surface (a static probe tries mounting, namespaces, keyrings, bpf,
+// perf, raw and packet sockets, io_uring, vsock, ptrace, /proc writes, file
+// handles, device nodes, modules, reboot, the clock and a host file), the
+// file API (symlinks, "..", hardlinks), seeing host processes, and a fork
+// bomb. Each attempt must fail inside the sandbox while the host and a
+// bystander sandbox stay untouched.
+func TestTierAttacks(t *testing.T) {
+	e := newTierEnv(t)
+	probe := filepath.Join(t.TempDir(), "attackprobe")
+	build := exec.Command("go", "build", "-o", probe, "./testdata/attackprobe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the probe: %v\n%s", err, out)
+	}
+	probeBin, err := os.ReadFile(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A host file no sandbox may read.
+	secret := make([]byte, 8)
+	rand.Read(secret)
+	hostFile := filepath.Join("/var/tmp", "den-attack-"+hex.EncodeToString(secret))
+	if err := os.WriteFile(hostFile, []byte("host secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(hostFile) })
+	passwd := fileHash(t, "/etc/passwd")
+	img := e.busyboxImage(t)
+	bystander := e.create(t, api.CreateRequest{})
+
+	for _, tier := range []string{"linux", "gvisor", "microvm"} {
+		t.Run(tier, func(t *testing.T) {
+			e.need(t, tier)
+			if tier == "gvisor" && dynamicSelf(t) {
+				// The agent is this binary; a busybox root has no ld.so.
+				t.Skip("the test binary is dynamically linked: run with CGO_ENABLED=0 (as .ci/run does)")
+			}
+			ctx := context.Background()
+			sb := e.create(t, api.CreateRequest{Runtime: tier, Image: img, Limits: api.Limits{Pids: 64}})
+			defer e.c.Remove(ctx, sb.ID, true)
+
+			// Kernel attack surface.
+			if _, err := e.c.WriteFile(ctx, sb.ID, "/tmp/attackprobe", bytes.NewReader(probeBin), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			res, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"/tmp/attackprobe", hostFile}, Timeout: api.Duration(60 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := string(res.Stdout)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) < 20 || res.ExitCode != 0 {
+				t.Fatalf("probe ran badly (exit %d):\n%s\n%s", res.ExitCode, out, res.Stderr)
+			}
+			for _, l := range lines {
+				if !strings.Contains(l, " blocked ") {
+					t.Errorf("%s: %s", tier, l)
+				}
+			}
+			t.Logf("%s probe:\n%s", tier, out)
+
+			// The file API stays inside: symlinks, "..", hardlinks.
+			name := "den-attack-" + hex.EncodeToString(secret[:4])
+			e.sh(t, sb.ID, "ln -s /etc /tmp/esc; ln /etc/passwd /tmp/hl 2>/dev/null || cp /etc/passwd /tmp/hl")
+			for _, p := range []string{"/tmp/esc/" + name, "/../../../../../etc/" + name, "/tmp/../../etc/" + name} {
+				e.c.WriteFile(ctx, sb.ID, p, strings.NewReader("x"), 0o644)
+			}
+			e.c.WriteFile(ctx, sb.ID, "/tmp/hl", strings.NewReader("root:x:0:0:root:/root:/bin/sh\nden-attack:x:1:1::/:/bin/sh\n"), 0o644)
+			if _, err := os.Stat("/etc/" + name); err == nil {
+				os.Remove("/etc/" + name)
+				t.Fatalf("%s: a file API write reached the host's /etc", tier)
+			}
+			if fileHash(t, "/etc/passwd") != passwd {
+				t.Fatalf("%s: the host's /etc/passwd changed", tier)
+			}
+			// The image's own file is untouched: a new sandbox of it sees the original.
+			witness := e.create(t, api.CreateRequest{Image: img})
+			if r := e.sh(t, witness.ID, "cat /etc/passwd"); strings.Contains(string(r.Stdout), "den-attack") {
+				t.Fatalf("%s: a write through a hardlink changed the image for other sandboxes", tier)
+			}
+			e.c.Remove(ctx, witness.ID, true)
+
+			// No host process is visible: only the sandbox's own few.
+			ps := e.sh(t, sb.ID, "ls /proc | grep -c '^[0-9]'; cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+			self := filepath.Base(os.Args[0])
+			if strings.Contains(string(ps.Stdout), self) || strings.Contains(string(ps.Stdout), "runsc") || strings.Contains(string(ps.Stdout), "qemu") {
+				t.Fatalf("%s: host processes visible inside:\n%s", tier, ps.Stdout)
+			}
+
+			// A fork bomb is held at the pids limit; the bystander answers.
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: `b() { b | b & }; b; while :; do b 2>/dev/null; sleep 0.01; done`, Timeout: api.Duration(4 * time.Second)})
+			}()
+			time.Sleep(time.Second)
+			for i := 0; i < 3; i++ {
+				start := time.Now()
+				if r := e.sh(t, bystander.ID, "echo alive"); string(r.Stdout) != "alive\n" {
+					t.Fatalf("bystander during a %s fork bomb: %q", tier, r.Stdout)
+				}
+				if d := time.Since(start); d > 5*time.Second {
+					t.Fatalf("bystander took %v during a %s fork bomb", d, tier)
+				}
+			}
+			<-done
+			// The attacked sandbox is still usable once the bomb is gone.
+			if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.c.Start(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			if r := e.sh(t, sb.ID, "echo recovered"); string(r.Stdout) != "recovered\n" {
+				t.Fatalf("%s sandbox unusable after the attacks: %q %q", tier, r.Stdout, r.Stderr)
+			}
+		})
+	}
+}
+
+// dynamicSelf reports whether the running binary needs an ELF interpreter.
+func dynamicSelf(t *testing.T) bool {
+	f, err := elf.Open("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return true
+		}
+	}
+	return false
+}
+
+func fileHash(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
