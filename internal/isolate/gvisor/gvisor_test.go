@@ -805,7 +805,6 @@ func TestMeasure(t *testing.T) {
 	t.Logf("idle box: checkpoint %v, restore until an exec answered %v, total %v", ck/n, rs/n, (ck+rs)/n)
 }
 
-
 // TestReapsSandboxes: the daemon is the subreaper of the sandboxes and
 // gofers runsc leaves behind, and reaps them as soon as they exit, so a
 // stop does not wait for the host's init.
