@@ -840,7 +840,7 @@ func TestReapsSandboxes(t *testing.T) {
 	for {
 		var zombies []int
 		for _, c := range children() {
-			if comm, state := procStat(c); comm == "exe" && state == "Z" {
+			if comm, f, err := linux.ProcStat(c); err == nil && comm == "exe" && len(f) > 0 && f[0] == "Z" {
 				zombies = append(zombies, c)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/den-dev/den/internal/isolate/linux"
 	"golang.org/x/sys/unix"
 )
 
@@ -77,7 +78,7 @@ func (r *reaper) loop(sig <-chan os.Signal) {
 // reapRunsc reaps this process's zombie children called "exe".
 func reapRunsc() {
 	for _, pid := range children() {
-		if comm, state := procStat(pid); comm == "exe" && state == "Z" {
+		if comm, f, err := linux.ProcStat(pid); err == nil && comm == "exe" && len(f) > 0 && f[0] == "Z" {
 			var ws unix.WaitStatus
 			unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 		}
@@ -100,22 +101,4 @@ func children() []int {
 		}
 	}
 	return out
-}
-
-// procStat returns a process's command name and state letter.
-func procStat(pid int) (comm, state string) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", ""
-	}
-	s := string(b)
-	i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if i < 0 || j < i {
-		return "", ""
-	}
-	f := strings.Fields(s[j+1:])
-	if len(f) == 0 {
-		return s[i+1 : j], ""
-	}
-	return s[i+1 : j], f[0]
 }

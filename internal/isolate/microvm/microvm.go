@@ -611,8 +611,7 @@ func isOurQEMU(pid int, run string) bool {
 	if err != nil {
 		return false
 	}
-	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if i := strings.LastIndexByte(string(st), ')'); i > 0 && len(st) > i+2 && st[i+2] == 'Z' {
+	if _, f, err := linux.ProcStat(pid); err == nil && len(f) > 0 && f[0] == "Z" {
 		return false
 	}
 	return strings.Contains(string(b), "qemu") && strings.Contains(string(b), filepath.Join(run, "qmp.sock"))
@@ -726,18 +725,14 @@ func (b *box) Resume(ctx context.Context) error {
 // the box's interface.
 func (b *box) Stats() (isolate.Stats, error) {
 	var st isolate.Stats
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid))
+	_, f, err := linux.ProcStat(b.pid)
 	if err != nil {
 		return st, fmt.Errorf("box %s: %w", b.spec.ID, err)
 	}
-	s := string(raw)
-	if i := strings.LastIndexByte(s, ')'); i > 0 {
-		f := strings.Fields(s[i+1:])
-		if len(f) > 13 {
-			ut, _ := strconv.ParseInt(f[11], 10, 64)
-			stt, _ := strconv.ParseInt(f[12], 10, 64)
-			st.CPU = time.Duration(ut+stt) * time.Second / 100
-		}
+	if len(f) > 13 {
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		stt, _ := strconv.ParseInt(f[12], 10, 64)
+		st.CPU = time.Duration(ut+stt) * time.Second / 100
 	}
 	if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", b.pid)); err == nil {
 		if f := strings.Fields(string(m)); len(f) > 1 {
