@@ -272,6 +272,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", b.spec.ID, err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, hostnameFile), []byte(b.spec.Hostname), 0o600); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", b.spec.ID, err)
+	}
 	b.link.Detach()
 	b.attached = false
 	b.smu.Lock()

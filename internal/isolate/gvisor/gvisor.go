@@ -243,8 +243,24 @@ func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
 		return nil, fmt.Errorf("restore %s: no checkpoint in %s: %w", spec.ID, dir, err)
 	}
-	return r.boot(ctx, spec, dir)
+	b, err := r.boot(ctx, spec, dir)
+	if err != nil {
+		return nil, err
+	}
+	// Restored into another box (a fork): the kernel's saved hostname is
+	// the source's. The network needs nothing: this runsc builds the
+	// restored netstack from the new box's namespace.
+	if from, _ := os.ReadFile(filepath.Join(dir, hostnameFile)); string(from) != spec.Hostname {
+		if err := b.Agent().JSON(ctx, "POST", "/hostname", nil, map[string]string{"hostname": spec.Hostname}, nil); err != nil {
+			b.Stop(context.Background())
+			return nil, fmt.Errorf("restore %s: set the hostname: %w", spec.ID, err)
+		}
+	}
+	return b, nil
 }
+
+// hostnameFile, in a checkpoint directory, holds the hostname the box had.
+const hostnameFile = "den-hostname"
 
 // startTimeout bounds a box's boot until its agent answers.
 const startTimeout = 60 * time.Second

@@ -721,6 +721,31 @@ func TestNetwork(t *testing.T) {
 	if l := leftovers(rt, spec.ID); len(l) > 0 {
 		t.Fatalf("left after Stop: %v", l)
 	}
+	// A fork restored from a checkpoint of a networked box gets its own
+	// slot's address.
+	src := testSpec(t, "gnetsrc")
+	src.Net, src.NetSlot = true, 6
+	sb := start(t, rt, src)
+	ck := filepath.Join(t.TempDir(), "fork")
+	if err := rt.Checkpoint(ctxT(t, time.Minute), sb, ck, false); err != nil {
+		t.Fatal(err)
+	}
+	fork := testSpec(t, "gnetfork")
+	fork.Net, fork.NetSlot = true, 7
+	os.RemoveAll(fork.Dir)
+	if out, err := exec.Command("cp", "-a", src.Dir, fork.Dir).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Cleanup(func() { rt.Destroy(context.Background(), fork) })
+	fb, err := rt.Restore(ctxT(t, time.Minute), fork, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Stop(context.Background())
+	faddr, _ := n.Addr(7)
+	if out := mustSh(t, fb, "busybox nc 192.0.2.1 80 </dev/null"); out != fmt.Sprintf("from %s\n", faddr) {
+		t.Fatalf("the fork connects as %q, want from %s", out, faddr)
+	}
 }
 
 // TestMeasure reports start and checkpoint times (DEN_GVISOR_MEASURE=1).

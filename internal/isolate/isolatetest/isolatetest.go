@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -52,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Destroy", func(t *testing.T) { testDestroy(t, h) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, h) })
 	t.Run("Checkpoint", func(t *testing.T) { testCheckpoint(t, h) })
+	t.Run("CheckpointFork", func(t *testing.T) { testCheckpointFork(t, h) })
 	t.Run("Stats", func(t *testing.T) { testStats(t, h) })
 	t.Run("DialPort", func(t *testing.T) { testDialPort(t, h) })
 }
@@ -433,6 +435,67 @@ func testCheckpoint(t *testing.T, h Harness) {
 	waitTicks(t, ctx, r, m+2) // and it runs on
 	if out := mustSh(t, ctx, r, "cat /root/file"); out != "before\n" {
 		t.Fatalf("file after restore: %q", out)
+	}
+}
+
+// testCheckpointFork restores one checkpoint twice: into the box it was
+// taken of and into another box whose files are a copy (a fork that keeps
+// processes). Each runs on from the saved state with its own identity and
+// files.
+func testCheckpointFork(t *testing.T, h Harness) {
+	cp, ok := h.Runtime.(isolate.Checkpointer)
+	if !ok {
+		t.Skipf("the %s tier has no checkpoints", h.Runtime.Name())
+	}
+	spec := h.Spec(t, "cforka")
+	fork := h.Spec(t, "cforkb")
+	ctx := h.ctx(t)
+	b, err := h.Runtime.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Runtime.Destroy(context.Background(), spec) })
+	t.Cleanup(func() { h.Runtime.Destroy(context.Background(), fork) })
+	startTicker(t, ctx, b)
+	mustSh(t, ctx, b, "echo before > /root/file")
+	n := waitTicks(t, ctx, b, 3)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := cp.Checkpoint(ctx, b, dir, false); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	b.Stop(ctx)
+	// The fork's files are a copy of the source's, as the manager makes.
+	os.RemoveAll(fork.Dir)
+	if out, err := exec.Command("cp", "-a", "--reflink=auto", spec.Dir, fork.Dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy the files: %v: %s", err, out)
+	}
+	f, err := cp.Restore(ctx, fork, dir)
+	if err != nil {
+		t.Fatalf("restore into another box: %v", err)
+	}
+	defer f.Stop(context.Background())
+	r, err := cp.Restore(ctx, spec, dir)
+	if err != nil {
+		t.Fatalf("restore into the source after a fork: %v", err)
+	}
+	defer r.Stop(context.Background())
+	for _, c := range []struct {
+		b    isolate.Box
+		spec *isolate.Spec
+	}{{f, fork}, {r, spec}} {
+		if m := tick(t, ctx, c.b); m < n {
+			t.Fatalf("%s: the counter is %d after restore, it was at least %d: the process did not keep its state", c.spec.ID, m, n)
+		}
+		if out := mustSh(t, ctx, c.b, "cat /root/file; hostname"); out != "before\n"+c.spec.Hostname+"\n" {
+			t.Fatalf("%s: file and hostname after restore: %q (want before and %s)", c.spec.ID, out, c.spec.Hostname)
+		}
+	}
+	// Both run on, independently.
+	waitTicks(t, ctx, f, tick(t, ctx, f)+2)
+	waitTicks(t, ctx, r, tick(t, ctx, r)+2)
+	mustSh(t, ctx, f, "echo fork > /root/file")
+	if out := mustSh(t, ctx, r, "cat /root/file"); out != "before\n" {
+		t.Fatalf("the source sees the fork's write: %q", out)
 	}
 }
 
