@@ -36,6 +36,15 @@ type Snapshot struct {
 	// Paused reports that the sandbox's processes were frozen for the
 	// capture (false when it was stopped or hibernated: nothing to freeze).
 	Paused bool `json:"paused"`
+	// Runtime is the tier of the sandbox it was taken of; sandboxes
+	// created from it default to it.
+	Runtime string `json:"runtime,omitempty"`
+	// Memory reports that the snapshot keeps the sandbox's running
+	// processes and memory (gvisor and microvm tiers): sandboxes created
+	// from it on the same tier, and restores, run on from that instant.
+	Memory bool `json:"memory,omitempty"`
+	// MemorySize is the bytes the saved memory takes on disk.
+	MemorySize Size `json:"memory_size,omitempty"`
 	// The sandbox's settings, applied to sandboxes created from it.
 	Env     []string      `json:"env,omitempty"`
 	Workdir string        `json:"workdir,omitempty"`
@@ -47,6 +56,11 @@ type Snapshot struct {
 // SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots.
 type SnapshotRequest struct {
 	Name string `json:"name,omitempty"`
+	// Memory keeps the running processes and memory too, not only the
+	// files (gvisor and microvm tiers; the linux tier answers
+	// unsupported). The sandbox's processes are saved and restored in
+	// place, so they pause for the length of the checkpoint.
+	Memory bool `json:"memory,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
@@ -60,6 +74,11 @@ type ForkRequest struct {
 	Count int `json:"count,omitempty"`
 	// Labels are set on every fork (the source's labels are not copied).
 	Labels map[string]string `json:"labels,omitempty"`
+	// Memory makes forks that keep the source's running processes and
+	// memory (gvisor and microvm tiers): each fork runs on from one
+	// checkpoint of the source, with its own hostname and address
+	// (connections that were open are not carried over).
+	Memory bool `json:"memory,omitempty"`
 }
 
 // VolumeMount attaches a volume to a sandbox.

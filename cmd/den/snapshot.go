@@ -23,8 +23,16 @@ processes frozen for the instant of the capture. Image layers are never
 copied, and on den's managed filesystem (btrfs) unchanged files are shared,
 so a snapshot costs the same whatever the sandbox holds. Volumes are not
 part of snapshots. A checksum manifest of the files is recorded and
-verified whenever the snapshot is used (den create --from, den restore).`,
+verified whenever the snapshot is used (den create --from, den restore).
+
+With --memory (gvisor and microvm sandboxes) the snapshot also keeps the
+running processes and memory: the sandbox is checkpointed, its files copied
+while it is stopped, and it runs on from the checkpoint (its processes
+pause for that long; open network connections do not survive on this
+gVisor). Sandboxes created from it, and den restore, run on from that
+instant, each with its own hostname and address.`,
 	example: `den snapshot web --name before-upgrade
+		den snapshot web --memory --name warm
 		den snapshot ls web
 		den create --from before-upgrade
 		den restore web before-upgrade
@@ -46,16 +54,18 @@ var verbSnapshotCreate = &verb{
 	name:     "snapshot create",
 	summary:  "take a snapshot of a sandbox and print its id",
 	synopsis: "[flags] ID",
-	example:  `den snapshot create web --name before-upgrade`,
+	example: `den snapshot create web --name before-upgrade
+		den snapshot create web --memory --name warm`,
 	run: func(c *cli, v *verb, args []string) error {
 		f := newFlags(v)
 		name := f.String("name", "", "NAME", "name the snapshot")
+		memory := f.Bool("memory", "", "keep the running processes and memory too (gvisor, microvm)")
 		jsonOut := f.jsonFlag("print the snapshot as JSON")
 		pos, _, err := f.parse(args, 1, c.stdout)
 		if err != nil {
 			return err
 		}
-		s, err := c.client(f).Snapshot(context.Background(), pos[0], api.SnapshotRequest{Name: *name})
+		s, err := c.client(f).Snapshot(context.Background(), pos[0], api.SnapshotRequest{Name: *name, Memory: *memory})
 		if err != nil {
 			return err
 		}
@@ -94,14 +104,18 @@ var verbSnapshotLs = &verb{
 			return c.printJSON(list)
 		}
 		tw := newTable(c.stdout)
-		fmt.Fprintln(tw, "SNAPSHOT\tNAME\tSANDBOX\tIMAGE\tSIZE\tFILES\tCREATED")
+		fmt.Fprintln(tw, "SNAPSHOT\tNAME\tSANDBOX\tIMAGE\tSIZE\tFILES\tMEMORY\tCREATED")
 		now := time.Now()
 		for _, s := range list {
 			files := "sealing"
 			if s.Digest != "" {
 				files = fmt.Sprint(s.Files)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID[:12], dash(s.Name), s.Sandbox[:12], s.Image, humanSize(int64(s.Size)), files, ago(s.CreatedAt, now))
+			memory := "-"
+			if s.Memory {
+				memory = humanSize(int64(s.MemorySize))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID[:12], dash(s.Name), s.Sandbox[:12], s.Image, humanSize(int64(s.Size)), files, memory, ago(s.CreatedAt, now))
 		}
 		return tw.Flush()
 	},
@@ -257,20 +271,27 @@ var verbFork = &verb{
 	details: `Each fork starts from the source's files at one instant (the source is
 frozen for the copy and keeps running), with its image, environment, limits,
 network policy, services and volumes, and is independent of the source and
-of the other forks from then on.`,
+of the other forks from then on.
+
+With --memory (gvisor and microvm sandboxes) the forks also keep the
+source's running processes and memory: one checkpoint of the source boots
+every fork, each with its own hostname and address (connections open in
+the source are not carried over), and the source runs on from it.`,
 	example: `den fork web -n 3
+		den fork web -n 2 --memory
 		for id in $(den fork web -n 3); do den exec -d $id -- make test; done`,
 	run: func(c *cli, v *verb, args []string) error {
 		f := newFlags(v)
 		n := f.Int("count", "n", "N", "how many forks (1-64)")
 		var labels []string
 		f.Var(listValue{&labels, checkLabel}, "label", "l", "K=V", "set a label on every fork (repeatable)")
+		memory := f.Bool("memory", "", "forks keep the running processes and memory (gvisor, microvm)")
 		jsonOut := f.jsonFlag("print the new sandboxes as a JSON array")
 		pos, _, err := f.parse(args, 1, c.stdout)
 		if err != nil {
 			return err
 		}
-		list, err := c.client(f).Fork(context.Background(), pos[0], api.ForkRequest{Count: *n, Labels: labelMap(labels)})
+		list, err := c.client(f).Fork(context.Background(), pos[0], api.ForkRequest{Count: *n, Labels: labelMap(labels), Memory: *memory})
 		if err != nil {
 			return err
 		}

@@ -345,7 +345,8 @@ func (s *server) portURL(ctx context.Context, req *sdk.CallToolRequest, in portI
 
 type snapshotIn struct {
 	sandboxArg
-	Name string `json:"name,omitempty" jsonschema:"a unique name for the snapshot"`
+	Name   string `json:"name,omitempty" jsonschema:"a unique name for the snapshot"`
+	Memory bool   `json:"memory,omitempty" jsonschema:"keep the running processes and memory too (gvisor and microvm sandboxes)"`
 }
 
 type snapshotOut struct {
@@ -357,7 +358,7 @@ func (s *server) snapshot(ctx context.Context, req *sdk.CallToolRequest, in snap
 	if err != nil {
 		return nil, snapshotOut{}, err
 	}
-	snap, err := c.Snapshot(ctx, id, api.SnapshotRequest{Name: in.Name})
+	snap, err := c.Snapshot(ctx, id, api.SnapshotRequest{Name: in.Name, Memory: in.Memory})
 	if err != nil {
 		return nil, snapshotOut{}, toolError(err)
 	}
@@ -368,6 +369,7 @@ type forkIn struct {
 	sandboxArg
 	Count  int               `json:"count,omitempty" jsonschema:"how many forks (1 to 64, default 1)"`
 	Labels map[string]string `json:"labels,omitempty" jsonschema:"labels set on every fork"`
+	Memory bool              `json:"memory,omitempty" jsonschema:"forks keep the source's running processes and memory (gvisor and microvm sandboxes)"`
 }
 
 func (s *server) fork(ctx context.Context, req *sdk.CallToolRequest, in forkIn) (*sdk.CallToolResult, sandboxesOut, error) {
@@ -375,7 +377,7 @@ func (s *server) fork(ctx context.Context, req *sdk.CallToolRequest, in forkIn) 
 	if err != nil {
 		return nil, sandboxesOut{}, err
 	}
-	list, err := c.Fork(ctx, id, api.ForkRequest{Count: in.Count, Labels: in.Labels})
+	list, err := c.Fork(ctx, id, api.ForkRequest{Count: in.Count, Labels: in.Labels, Memory: in.Memory})
 	if err != nil {
 		return nil, sandboxesOut{}, toolError(err)
 	}

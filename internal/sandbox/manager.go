@@ -614,6 +614,12 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		if err := m.setQuota(dir, rec.Limits.Disk); err != nil {
 			return err
 		}
+		if snap != nil && m.memoryUsable(rec, snap) {
+			if m.restoreFrom(ctx, rec, m.memoryDir(snap.ID)) {
+				return nil
+			}
+			rec.Resumed = api.ResumedRestarted
+		}
 		return m.boot(ctx, rec)
 	}()
 	if err != nil {

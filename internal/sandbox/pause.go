@@ -128,31 +128,7 @@ func (m *Manager) restore(ctx context.Context, rec *record) bool {
 	rec.Checkpoint = false
 	dir := m.checkpointDir(rec.ID)
 	defer os.RemoveAll(dir)
-	rt, err := m.tier(rec)
-	if err != nil {
-		return false
-	}
-	cp, ok := rt.(isolate.Checkpointer)
-	if !ok {
-		return false
-	}
-	spec, err := m.spec(ctx, rec)
-	if err != nil {
-		return false
-	}
-	b, err := cp.Restore(ctx, spec, dir)
-	if err != nil {
-		m.log.Warn("restore from checkpoint failed: starting afresh", "id", rec.ID, "err", err)
-		m.event(rec.ID, "sandbox.restore_failed", map[string]any{"error": err.Error()})
-		return false
-	}
-	rec.Resumed = api.ResumedRestored
-	if err := m.booted(ctx, rec, spec, b, true); err != nil {
-		m.log.Warn("restored sandbox could not be recorded: starting afresh", "id", rec.ID, "err", err)
-		rt.Destroy(ctx, &isolate.Spec{ID: rec.ID, Net: spec.Net, NetSlot: spec.NetSlot})
-		return false
-	}
-	return true
+	return m.restoreFrom(ctx, rec, dir)
 }
 
 // Resume brings a paused or hibernated sandbox back. Resuming a running

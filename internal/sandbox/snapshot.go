@@ -158,6 +158,7 @@ func (m *Manager) RemoveSnapshot(ctx context.Context, idOrName string) error {
 		return err
 	}
 	os.Remove(m.manifestPath(s.ID))
+	os.RemoveAll(m.memoryDir(s.ID))
 	if err := m.deleteTree(m.snapshotDir(s.ID)); err != nil {
 		m.log.Warn("remove snapshot files", "id", s.ID, "err", err)
 	}
@@ -238,9 +239,14 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 			return nil, api.Errorf(api.KindExists, "a snapshot named %q already exists", req.Name)
 		}
 	}
+	if req.Memory {
+		if _, err := m.checkpointer(rec); err != nil {
+			return nil, err
+		}
+	}
 	snap := &api.Snapshot{
 		ID: newID(), Name: req.Name, Sandbox: rec.ID, Owner: rec.Owner, Image: rec.Image, CreatedAt: time.Now().UTC(),
-		Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
+		Runtime: rec.Runtime, Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
 	}
 	if err := os.MkdirAll(m.snapshotsDir(), 0o700); err != nil {
 		return nil, err
@@ -250,20 +256,30 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 	}
 	dir := m.snapshotDir(snap.ID)
 	start := time.Now()
-	snap.Paused, err = m.frozen(ctx, rec, func() error {
-		return m.copyTree(filepath.Join(m.sandboxesDir(), rec.ID), dir, true)
-	})
+	capture := func() error { return m.copyTree(filepath.Join(m.sandboxesDir(), rec.ID), dir, true) }
+	mem := m.memoryDir(snap.ID)
+	if req.Memory {
+		err = m.withCheckpoint(ctx, rec, mem, capture)
+		snap.Paused, snap.Memory = true, true
+	} else {
+		snap.Paused, err = m.frozen(ctx, rec, capture)
+	}
 	if err != nil {
 		m.deleteTree(dir)
+		os.RemoveAll(mem)
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	took := time.Since(start)
 	snap.Size = api.Size(m.diskUsed(dir))
+	if snap.Memory {
+		snap.MemorySize = api.Size(dirSize(mem))
+	}
 	if err := m.putSnapshot(ctx, snap); err != nil {
 		m.deleteTree(dir)
+		os.RemoveAll(mem)
 		return nil, err
 	}
-	m.event(rec.ID, "snapshot.create", map[string]any{"snapshot": snap.ID, "name": snap.Name, "ms": float64(took.Microseconds()) / 1000})
+	m.event(rec.ID, "snapshot.create", map[string]any{"snapshot": snap.ID, "name": snap.Name, "memory": snap.Memory, "ms": float64(took.Microseconds()) / 1000})
 	m.sealAsync(snap.ID)
 	return snap, nil
 }
@@ -409,7 +425,11 @@ func (m *Manager) Restore(ctx context.Context, id string, req api.RestoreRequest
 	if err := m.replaceTree(dir, m.snapshotDir(snap.ID), rec.Limits.Disk); err != nil {
 		return nil, err
 	}
-	m.event(rec.ID, "snapshot.restore", map[string]any{"snapshot": snap.ID})
+	m.event(rec.ID, "snapshot.restore", map[string]any{"snapshot": snap.ID, "memory": snap.Memory})
+	// A snapshot with memory brings its processes back, running.
+	if snap.Memory && m.memoryUsable(rec, snap) && m.restoreFrom(ctx, rec, m.memoryDir(snap.ID)) {
+		return &rec.Sandbox, nil
+	}
 	if wasUp {
 		rec.Resumed = ""
 		if err := m.boot(ctx, rec); err != nil {
@@ -467,6 +487,12 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 	if err != nil {
 		return nil, err
 	}
+	if req.Memory {
+		if _, err := m.checkpointer(src); err != nil {
+			unlock()
+			return nil, err
+		}
+	}
 	// Forks belong to the source's owner; the quota lock is held until
 	// they are recorded (or failed).
 	admitted, err := m.admit(ctx, req.Count)
@@ -507,7 +533,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 	}
 	srcDir := filepath.Join(m.sandboxesDir(), src.ID)
 	start := time.Now()
-	_, err = m.frozen(ctx, src, func() error {
+	copyAll := func() error {
 		// All at once: btrfs makes snapshots queued together in one
 		// transaction commit, which is most of a snapshot's cost.
 		errs := make([]error, len(recs))
@@ -521,7 +547,17 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 		}
 		wg.Wait()
 		return errors.Join(errs...)
-	})
+	}
+	// With memory, one checkpoint of the source (its files copied while
+	// it is stopped) boots every fork; it is removed once they run.
+	mem := ""
+	if req.Memory {
+		mem = filepath.Join(m.cfg.DataDir, "memory", "fork-"+recs[0].ID)
+		defer os.RemoveAll(mem)
+		err = m.withCheckpoint(ctx, src, mem, copyAll)
+	} else {
+		_, err = m.frozen(ctx, src, copyAll)
+	}
 	unlock()
 	if err != nil {
 		release()
@@ -542,7 +578,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 			os.RemoveAll(filepath.Join(dir, "work"))
 			errs[i] = m.setQuota(dir, r.Limits.Disk)
 			if errs[i] == nil {
-				errs[i] = m.createFrom(ctx, r)
+				errs[i] = m.createFrom(ctx, r, mem)
 			}
 		}()
 	}
@@ -563,17 +599,26 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 		m.event(r.ID, "sandbox.create", map[string]any{"image": r.Image, "fork_of": src.ID})
 		out = append(out, &r.Sandbox)
 	}
-	m.event(src.ID, "sandbox.fork", map[string]any{"count": len(out), "copy_ms": float64(copied.Microseconds()) / 1000})
+	m.event(src.ID, "sandbox.fork", map[string]any{"count": len(out), "memory": req.Memory, "copy_ms": float64(copied.Microseconds()) / 1000})
 	return out, nil
 }
 
-// createFrom records and boots a sandbox whose state directory is ready.
-func (m *Manager) createFrom(ctx context.Context, rec *record) error {
+// createFrom records and boots a sandbox whose state directory is ready:
+// from the checkpoint in mem if it is set (its processes run on), else
+// afresh (also when the checkpoint cannot be restored: Resumed then says
+// "restarted" and an event says why).
+func (m *Manager) createFrom(ctx context.Context, rec *record, mem string) error {
 	unlock := m.lock(rec.ID)
 	defer unlock()
 	rec.State = api.StateCreating
 	if err := m.put(ctx, rec); err != nil {
 		return err
+	}
+	if mem != "" {
+		if m.restoreFrom(ctx, rec, mem) {
+			return nil
+		}
+		rec.Resumed = api.ResumedRestarted
 	}
 	if err := m.boot(ctx, rec); err != nil {
 		m.db.DeleteSandbox(context.Background(), rec.ID)
@@ -593,6 +638,9 @@ func (m *Manager) fromSnapshot(ctx context.Context, req *api.CreateRequest) (*ap
 		return nil, api.FieldError("image", "snapshot %s is of image %q, not %q (a snapshot holds only the changes above its image)", snap.ID[:12], snap.Image, req.Image)
 	}
 	req.Image = snap.Image
+	if req.Runtime == "" {
+		req.Runtime = snap.Runtime
+	}
 	if req.Env == nil {
 		req.Env = snap.Env
 	}
@@ -633,6 +681,13 @@ func (m *Manager) recoverSnapshots(ctx context.Context) {
 	for _, e := range ents {
 		if !known[e.Name()] {
 			m.deleteTree(filepath.Join(m.snapshotsDir(), e.Name()))
+		}
+	}
+	// Saved memory of a snapshot never recorded, or of a fork cut short.
+	ents, _ = os.ReadDir(filepath.Dir(m.memoryDir("x")))
+	for _, e := range ents {
+		if !known[e.Name()] {
+			os.RemoveAll(m.memoryDir(e.Name()))
 		}
 	}
 	// A restore cut short: finish or undo the swap.
