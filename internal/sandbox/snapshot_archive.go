@@ -255,6 +255,8 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 		}
 	}
 	snap.ID, snap.CreatedAt, snap.Digest, snap.Files = newID, time.Now().UTC(), "", 0
+	// An archive carries files only, never saved memory.
+	snap.Memory, snap.MemorySize = false, 0
 	if err := m.copyTree(work, m.snapshotDir(newID), true); err != nil {
 		return nil, err
 	}
