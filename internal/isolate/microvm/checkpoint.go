@@ -163,7 +163,11 @@ func (b *box) incoming(ctx context.Context, mem string) error {
 }
 
 // Restore boots spec's box from the checkpoint in dir: its disk replaces
-// the box's, and the VM runs on from the saved memory.
+// the box's, and the VM runs on from the saved memory. The checkpoint may
+// be of another box (a fork): before Restore returns, the guest has taken
+// spec's hostname, its own MAC and its slot's addresses and routes.
+// Connections the guest had open are then broken in a fork (their
+// address is gone); processes, files and memory carry over.
 func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (isolate.Box, error) {
 	if err := validate(spec); err != nil {
 		return nil, err
@@ -181,6 +185,11 @@ func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (
 	}
 	if vm.Net != spec.Net {
 		return nil, fmt.Errorf("restore: the checkpoint was taken with network %v, the box now has %v", vm.Net, spec.Net)
+	}
+	if spec.Net {
+		// The box's own MAC, whichever box the checkpoint is of: the
+		// guest takes it after the restore (boot, identify).
+		vm.MAC = guestMAC(spec.ID)
 	}
 	// The machine is the checkpoint's: same images in the same order.
 	for _, img := range vm.Lowers {

@@ -28,8 +28,9 @@
 // initramfs and chrooted, as switch_root does), so the box sees only its
 // own processes. The agent serves agent.Link on the virtio-serial port
 // "den.agent" (a unix socket of QEMU's on the host, RUNDIR/agent.sock); a
-// second port, "den.ctl", lets the daemon ask the init to sync the
-// guest's filesystems before it kills QEMU. When the agent ends the init
+// second port, "den.ctl", carries the daemon's line requests to the init:
+// sync the guest's filesystems before QEMU is killed, or take a new
+// identity after a restore. When the agent ends the init
 // reboots, and with panic=-1, reboot=t and -no-reboot any guest death
 // (init failure, kernel panic) ends QEMU; the console (RUNDIR/console.log)
 // gives the reason.
@@ -38,9 +39,9 @@
 // RUNDIR/netns gets eth0 from den's Network (same slot address, bridge,
 // nftables rules and egress proxy). Its addresses and routes move to the
 // guest, and a tap device made inside the namespace is wired to eth0
-// with tc (u32 match-all + mirred redirect, both ways), so the guest's
-// frames leave through the slot's veth with the slot's address, shaped
-// by eth0's qdisc.
+// with tc (u32 + mirred redirect, both ways; towards eth0 only the frames
+// from the box's own MAC), so the guest's frames leave through the slot's
+// veth with the slot's address, shaped by eth0's qdisc.
 //
 // Pause and Resume are QMP stop and cont. A checkpoint stops the VM,
 // migrates it with exec:cat into dir/memory (QEMU 7.2 has no file: URI),
@@ -49,6 +50,23 @@
 // on the checkpoint's machine description, feeds it the stream, and
 // conts. QEMU runs in its own session and outlives the daemon: Load
 // reconnects to its QMP socket and agent port by pid.
+//
+// A checkpoint can be restored into another box whose files are a copy
+// of the source's (a fork that keeps its processes), side by side with
+// the source. The guest wakes up as the source: its hostname, eth0's
+// addresses and routes, its MAC (in memory and in QEMU's migration
+// stream). Its box's tap passes only frames from the box's own MAC
+// (guestMAC of its ID), so nothing leaves as the source; before Restore
+// returns, the daemon sends the guest init "identity" on den.ctl (the
+// spec's hostname, the addresses, routes and MTU of the box's slot, its
+// MAC) and waits for its answer. The init sets the hostname, replaces
+// eth0's global addresses and default routes, changes the MAC live
+// (virtio-net's control queue, so QEMU's receive filter follows), flushes
+// its neighbour cache (its next packet re-teaches the gateway its MAC)
+// and sends a gratuitous ARP. The fork's open TCP connections break
+// (their address is gone); processes, memory and files carry over. The
+// identity the guest has is kept in vm.json: a restore into the box the
+// checkpoint came from, with the same slot, skips the step.
 //
 // KVM is probed once (a guest boot that must panic within 10 s) and the
 // verdict cached in StateDir/accel.json: under some nested paravirtual

@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"bufio"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,8 +45,10 @@ const (
 	guestLower = "/den/lower"
 	agentPort  = "den.agent"
 	// ctlPort carries the daemon's requests to the guest init itself,
-	// one line each: "sync" flushes the guest's filesystems (killing
-	// QEMU loses its page cache), answered "ok"; "crash" panics the guest
+	// one line each, answered with one line, "ok" or "error: why":
+	// "sync" flushes the guest's filesystems (killing QEMU loses its page
+	// cache); "identity <base64 JSON guestIdentity>" gives a restored
+	// guest its box's hostname, MAC and network; "crash" panics the guest
 	// kernel (how the tests check that a guest panic is reported; the
 	// host could end the VM anyway, and no command inside reaches it).
 	ctlPort = "den.ctl"
@@ -55,6 +61,15 @@ type guestConfig struct {
 	Disk     string       `json:"d"` // serial of the writable disk
 	Layers   []guestLayer `json:"l"`
 	Net      *guestNet    `json:"n,omitempty"`
+}
+
+// guestIdentity is what a restored guest is told to become (control
+// request "identity <base64 JSON>"): the box it now is may not be the one
+// whose checkpoint it runs from.
+type guestIdentity struct {
+	Hostname string    `json:"h"`
+	Net      *guestNet `json:"n,omitempty"`
+	MAC      string    `json:"mac,omitempty"`
 }
 
 type guestLayer struct {
@@ -176,34 +191,177 @@ func initMain() {
 	guestFail(fmt.Errorf("the agent ended: %v", err))
 }
 
-// serveCtl answers the daemon's requests on the control port.
+// serveCtl answers the daemon's requests on the control port, one line
+// each, with one line: "ok" or what went wrong.
 func serveCtl() {
 	f, err := openPort(ctlPort)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "den-init: %v\n", err)
 		return
 	}
-	buf := make([]byte, 256)
-	for {
-		n, err := f.Read(buf)
-		if n == 0 || err != nil {
-			// No daemon connected: wait for one.
-			time.Sleep(50 * time.Millisecond)
-			continue
-		}
-		for _, line := range strings.Fields(string(buf[:n])) {
-			switch line {
-			case "sync":
-				unix.Sync()
-				f.Write([]byte("ok\n"))
-			case "crash":
-				os.WriteFile("/proc/sysrq-trigger", []byte("c"), 0)
-			default:
-				f.Write([]byte("unknown\n"))
-			}
+	// The port signals SIGIO when the host connects or sends: no daemon
+	// connected, the loop sleeps until then (a restore's identity request
+	// is answered at once) instead of polling often.
+	connected := make(chan os.Signal, 1)
+	signal.Notify(connected, unix.SIGIO)
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETOWN, os.Getpid()); err == nil {
+		if fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err == nil {
+			unix.FcntlInt(f.Fd(), unix.F_SETFL, fl|unix.O_ASYNC)
 		}
 	}
+	r := bufio.NewReaderSize(f, 4096)
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		line = append(line, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			if len(line) > maxCtlLine {
+				// Skip the rest of it, then say why.
+				for errors.Is(err, bufio.ErrBufferFull) {
+					_, err = r.ReadSlice('\n')
+				}
+				if err == nil {
+					fmt.Fprintf(f, "error: a request longer than %d bytes\n", maxCtlLine)
+				}
+				line = line[:0]
+			}
+			continue
+		}
+		if err != nil {
+			// No daemon connected, or it left mid-line: wait for one.
+			line = line[:0]
+			select {
+			case <-connected:
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		if reply := ctlRequest(strings.TrimSpace(string(line))); reply != "" {
+			f.Write([]byte(reply + "\n"))
+		}
+		line = line[:0]
+	}
 }
+
+// maxCtlLine bounds a control request.
+const maxCtlLine = 64 << 10
+
+// ctlRequest carries out one control request and says how it went.
+func ctlRequest(line string) string {
+	cmd, arg, _ := strings.Cut(line, " ")
+	switch cmd {
+	case "":
+		return ""
+	case "sync":
+		unix.Sync()
+		return "ok"
+	case "crash":
+		os.WriteFile("/proc/sysrq-trigger", []byte("c"), 0)
+		return "error: the guest did not panic"
+	case "identity":
+		var id guestIdentity
+		raw, err := base64.RawURLEncoding.DecodeString(arg)
+		if err == nil {
+			err = json.Unmarshal(raw, &id)
+		}
+		if err != nil {
+			return "error: identity: " + err.Error()
+		}
+		if err := applyIdentity(&id); err != nil {
+			return "error: identity: " + err.Error()
+		}
+		return "ok"
+	}
+	return "error: unknown request " + strconv.Quote(cmd)
+}
+
+// applyIdentity makes a running guest (restored from a checkpoint,
+// perhaps of another box) the box id describes: its hostname (the agent
+// shares the init's UTS namespace), and eth0's MAC, addresses, routes
+// and MTU. What already matches is left alone, so a restore into the same
+// box keeps its connections. Then the guest forgets its neighbours (its
+// next packet to the gateway asks for it again, which teaches the
+// gateway the guest's MAC, IPv4 and IPv6) and announces its IPv4
+// addresses with a gratuitous ARP (the bridge learns the MAC's port).
+func applyIdentity(id *guestIdentity) error {
+	if id.Hostname != "" {
+		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
+			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	if id.Net == nil {
+		return nil
+	}
+	eth, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("network interface: %w", err)
+	}
+	// Addresses first: until the MAC changes, the host drops the guest's
+	// frames, so none leaves with the new MAC and an old address.
+	if err := configureEth(eth, id.Net); err != nil {
+		return err
+	}
+	if id.MAC != "" && eth.Attrs().HardwareAddr.String() != id.MAC {
+		mac, err := net.ParseMAC(id.MAC)
+		if err != nil {
+			return err
+		}
+		// virtio-net changes it live (VIRTIO_NET_CTRL_MAC_ADDR_SET), and
+		// QEMU filters received frames by the new one.
+		if err := netlink.LinkSetHardwareAddr(eth, mac); err != nil {
+			return fmt.Errorf("set the MAC: %w", err)
+		}
+		// The IPv6 link-local address follows the MAC (EUI-64).
+		addrs, _ := netlink.AddrList(eth, netlink.FAMILY_V6)
+		for _, a := range addrs {
+			if a.Scope == unix.RT_SCOPE_LINK {
+				netlink.AddrDel(eth, &a)
+			}
+		}
+		ll := net.IP{0xfe, 0x80, 0, 0, 0, 0, 0, 0, mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]}
+		netlink.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: ll, Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
+		if eth, err = netlink.LinkByName("eth0"); err != nil {
+			return err
+		}
+	}
+	neighs, _ := netlink.NeighList(eth.Attrs().Index, netlink.FAMILY_ALL)
+	for _, n := range neighs {
+		if n.State&netlink.NUD_PERMANENT == 0 {
+			netlink.NeighDel(&n)
+		}
+	}
+	return announce(eth, id.Net.Addrs)
+}
+
+// announce broadcasts a gratuitous ARP request for each IPv4 address
+// in addrs from eth.
+func announce(eth netlink.Link, addrs []string) error {
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ARP)))
+	if err != nil {
+		return fmt.Errorf("gratuitous ARP: %w", err)
+	}
+	defer unix.Close(fd)
+	mac := eth.Attrs().HardwareAddr
+	to := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: eth.Attrs().Index, Halen: 6, Addr: [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}
+	for _, a := range addrs {
+		ip, _, err := net.ParseCIDR(a)
+		if err != nil || ip.To4() == nil || len(mac) != 6 {
+			continue
+		}
+		// Ethernet/IPv4 request whose sender and target are the address.
+		p := []byte{0, 1, 8, 0, 6, 4, 0, 1}
+		p = append(p, mac...)
+		p = append(p, ip.To4()...)
+		p = append(p, 0, 0, 0, 0, 0, 0)
+		p = append(p, ip.To4()...)
+		if err := unix.Sendto(fd, p, 0, to); err != nil {
+			return fmt.Errorf("gratuitous ARP for %s: %w", ip, err)
+		}
+	}
+	return nil
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // loadModules loads /modules/order, in order.
 func loadModules() error {
@@ -339,9 +497,16 @@ func setupNet(n *guestNet) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if n.MTU > 0 {
+	return configureEth(eth, n)
+}
+
+// configureEth gives eth n's MTU, global addresses (and no others) and
+// default routes, changing only what differs.
+func configureEth(eth netlink.Link, n *guestNet) error {
+	if n.MTU > 0 && eth.Attrs().MTU != n.MTU {
 		netlink.LinkSetMTU(eth, n.MTU)
 	}
+	var want []*netlink.Addr
 	for _, a := range n.Addrs {
 		addr, err := netlink.ParseAddr(a)
 		if err != nil {
@@ -350,21 +515,52 @@ func setupNet(n *guestNet) error {
 		if addr.IP.To4() == nil {
 			addr.Flags = unix.IFA_F_NODAD
 		}
-		if err := netlink.AddrAdd(eth, addr); err != nil {
-			return fmt.Errorf("address %s: %w", a, err)
+		want = append(want, addr)
+	}
+	kept := map[string]bool{}
+	have, _ := netlink.AddrList(eth, netlink.FAMILY_ALL)
+	for _, a := range have {
+		if a.Scope != unix.RT_SCOPE_UNIVERSE {
+			continue
+		}
+		if slices.ContainsFunc(want, func(w *netlink.Addr) bool { return w.IPNet.String() == a.IPNet.String() }) {
+			kept[a.IPNet.String()] = true
+			continue
+		}
+		if err := netlink.AddrDel(eth, &a); err != nil {
+			return fmt.Errorf("remove address %s: %w", a.IPNet, err)
+		}
+	}
+	for _, a := range want {
+		if kept[a.IPNet.String()] {
+			continue
+		}
+		if err := netlink.AddrAdd(eth, a); err != nil {
+			return fmt.Errorf("address %s: %w", a.IPNet, err)
 		}
 	}
 	if err := netlink.LinkSetUp(eth); err != nil {
 		return err
 	}
+	gws := map[int]net.IP{}
 	if n.GW != "" {
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.ParseIP(n.GW)}); err != nil {
-			return fmt.Errorf("default route: %w", err)
-		}
+		gws[netlink.FAMILY_V4] = net.ParseIP(n.GW)
 	}
 	if n.GW6 != "" {
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.ParseIP(n.GW6), Family: netlink.FAMILY_V6}); err != nil {
-			return fmt.Errorf("default IPv6 route: %w", err)
+		gws[netlink.FAMILY_V6] = net.ParseIP(n.GW6)
+	}
+	routes, _ := netlink.RouteList(eth, netlink.FAMILY_ALL)
+	for _, r := range routes {
+		if r.Dst != nil && !r.Dst.IP.IsUnspecified() {
+			continue
+		}
+		if gw := gws[r.Family]; gw == nil || !gw.Equal(r.Gw) {
+			netlink.RouteDel(&r)
+		}
+	}
+	for fam, gw := range gws {
+		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw, Family: fam}); err != nil {
+			return fmt.Errorf("default route via %s: %w", gw, err)
 		}
 	}
 	return nil

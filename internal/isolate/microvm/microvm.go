@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -134,6 +135,9 @@ type vmConfig struct {
 	Net     bool     `json:"net"`
 	MAC     string   `json:"mac,omitempty"`
 	Limits  isolate.Limits
+	// Ident is the hostname and network the guest has taken: a restore
+	// whose box has the same skips telling it again.
+	Ident *guestIdentity `json:"identity,omitempty"`
 }
 
 type box struct {
@@ -153,6 +157,7 @@ type box struct {
 	// needAttach: loaded while paused, the link attaches on Resume.
 	needAttach bool
 	booted     time.Duration // from QEMU's start to the agent's answer
+	identified time.Duration // how long a restored guest took to take its identity
 	stopErr    error
 }
 
@@ -354,6 +359,9 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 	cleanup = append(cleanup, func() { os.RemoveAll(run) })
 
 	var tap *os.File
+	// What a restored guest must become (it may run another box's
+	// checkpoint).
+	ident := &guestIdentity{Hostname: spec.Hostname}
 	if spec.Net {
 		if r.net == nil {
 			return nil, errors.New("this daemon has no sandbox network (start den serve with networking)")
@@ -371,7 +379,14 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 				return nil, err
 			}
 		}
-		f, gn, err := wireTap(nsPath)
+		if vm.MAC == "" {
+			vm.MAC = guestMAC(spec.ID)
+		}
+		mac, err := net.ParseMAC(vm.MAC)
+		if err != nil {
+			return nil, fmt.Errorf("the guest's MAC: %w", err)
+		}
+		f, gn, err := wireTap(nsPath, mac)
 		if err != nil {
 			return nil, fmt.Errorf("wire the guest's network: %w", err)
 		}
@@ -380,10 +395,8 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 		if gc != nil {
 			gc.Net = gn
 		}
+		ident.Net, ident.MAC = gn, vm.MAC
 		vm.Net = true
-		if vm.MAC == "" {
-			vm.MAC = guestMAC(spec.ID)
-		}
 	} else {
 		vm.Net = false
 	}
@@ -400,6 +413,12 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 			vm.Cmdline += " " + r.cfg.extraAppend
 		}
 	}
+	// A restored guest keeps the identity it had when the checkpoint was
+	// taken until it is told its box's (a fork's differs).
+	prev, _ := json.Marshal(vm.Ident)
+	now, _ := json.Marshal(ident)
+	reidentify := ckpt != "" && string(prev) != string(now)
+	vm.Ident = ident
 	if b, err := json.Marshal(vm); err == nil {
 		os.WriteFile(filepath.Join(run, "vm.json"), b, 0o600)
 	}
@@ -451,13 +470,30 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 		return nil, fail("connect to QEMU", err)
 	}
 	cleanup = append(cleanup, b.qmp.close)
+	// A restored guest takes its box's identity while the agent's link
+	// reconnects.
+	identified := make(chan error, 1)
 	if ckpt != "" {
 		if err := b.incoming(bctx, filepath.Join(ckpt, "memory")); err != nil {
 			return nil, fail("restore", err)
 		}
 	}
+	if reidentify {
+		go func() {
+			t := time.Now()
+			err := b.identify(bctx, ident)
+			b.identified = time.Since(t)
+			identified <- err
+		}()
+	} else {
+		identified <- nil
+	}
 	if err := b.attach(bctx); err != nil {
+		<-identified
 		return nil, fail("wait for the agent", err)
+	}
+	if err := <-identified; err != nil {
+		return nil, fail("give the restored guest its identity", err)
 	}
 	b.booted = time.Since(t0)
 	return b, nil
@@ -535,7 +571,7 @@ func (b *box) stopLocked(ctx context.Context, flush bool) error {
 }
 
 // flush makes the guest write its dirty page cache to its disk (killing
-// QEMU would lose it), through the guest init's control port.
+// QEMU would lose it).
 func (b *box) flush(ctx context.Context) error {
 	select {
 	case <-b.done:
@@ -544,24 +580,45 @@ func (b *box) flush(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if err := b.control(ctx, "sync"); err != nil {
+		return fmt.Errorf("flush the guest's disk: %w", err)
+	}
+	return nil
+}
+
+// identify makes a restored guest the box id describes, and returns once
+// it has (see applyIdentity).
+func (b *box) identify(ctx context.Context, id *guestIdentity) error {
+	raw, _ := json.Marshal(id)
+	return b.control(ctx, "identity "+base64.RawURLEncoding.EncodeToString(raw))
+}
+
+// control sends one request to the guest init's control port and waits
+// for its "ok".
+func (b *box) control(ctx context.Context, req string) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", filepath.Join(b.run, "ctl.sock"))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	dl, _ := ctx.Deadline()
-	c.SetDeadline(dl)
-	if _, err := c.Write([]byte("sync\n")); err != nil {
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := c.Write([]byte(req + "\n")); err != nil {
 		return err
 	}
-	buf := make([]byte, 16)
-	n, err := c.Read(buf)
+	reply, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("flush the guest's disk: %w", err)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
 	}
-	if string(buf[:n]) != "ok\n" {
-		return fmt.Errorf("flush the guest's disk: %q", buf[:n])
+	if reply = strings.TrimSpace(reply); reply != "ok" {
+		return errors.New(strings.TrimPrefix(reply, "error: "))
 	}
 	return nil
 }

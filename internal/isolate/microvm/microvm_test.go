@@ -359,18 +359,28 @@ func TestNetwork(t *testing.T) {
 	spec := testSpec(t, "net")
 	spec.Net, spec.NetSlot, spec.NetBandwidth = true, 5, 10<<20
 	defer rt.Destroy(ctx, spec)
-	got := make(chan string, 1)
+	// Every connection is answered "pong from ADDR" (its source) and
+	// reported as "ADDR WHAT-IT-SENT".
+	got := make(chan string, 8)
 	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				b := make([]byte, 64)
+				k, _ := io.ReadAtLeast(c, b, 5)
+				from := c.RemoteAddr().(*net.TCPAddr).IP.String()
+				fmt.Fprintf(c, "pong from %s\n", from)
+				select {
+				case got <- from + " " + string(b[:k]):
+				default:
+				}
+			}()
 		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		b := make([]byte, 64)
-		k, _ := io.ReadAtLeast(c, b, 5)
-		c.Write([]byte("pong\n"))
-		got <- c.RemoteAddr().(*net.TCPAddr).IP.String() + " " + string(b[:k])
 	}()
 	b, err := rt.Start(ctx, spec)
 	if err != nil {
@@ -378,7 +388,7 @@ func TestNetwork(t *testing.T) {
 	}
 	addr, _ := n.Addr(spec.NetSlot)
 	out := mustSh(t, b, "ip -4 addr show eth0 | grep inet; echo hello | nc -w 5 198.51.100.7 80")
-	if !strings.Contains(out, addr.String()+"/") || !strings.Contains(out, "pong") {
+	if !strings.Contains(out, addr.String()+"/") || !strings.Contains(out, "pong from "+addr.String()) {
 		t.Fatalf("guest network: %q (want %s and the proxy's answer)", out, addr)
 	}
 	select {
@@ -405,6 +415,64 @@ func TestNetwork(t *testing.T) {
 			if br, _ := netlink.LinkByIndex(m); br != nil && br.Attrs().Name == ncfg.Bridge {
 				t.Fatalf("veth %s left on the bridge after Stop", l.Attrs().Name)
 			}
+		}
+	}
+
+	// A fork: a checkpoint of a networked box restored into another box
+	// (slot 7, its files a copy) and into the source again (slot 6), both
+	// running. Each has its own slot's address and its own MAC, and its
+	// connections leave from that address.
+	src := testSpec(t, "netsrc")
+	src.Net, src.NetSlot = true, 6
+	defer rt.Destroy(ctx, src)
+	sb, err := rt.Start(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "echo hello | nc -w 5 198.51.100.7 80")
+	<-got
+	ck := filepath.Join(t.TempDir(), "ckpt")
+	if err := rt.Checkpoint(ctx, sb, ck, false); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	fork := testSpec(t, "netfork")
+	fork.Net, fork.NetSlot = true, 7
+	defer rt.Destroy(ctx, fork)
+	os.RemoveAll(fork.Dir)
+	if out, err := exec.Command("cp", "-a", "--reflink=auto", src.Dir, fork.Dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy the box's files: %v: %s", err, out)
+	}
+	t0 := time.Now()
+	fb, err := rt.Restore(ctx, fork, ck)
+	if err != nil {
+		t.Fatalf("restore into the fork: %v", err)
+	}
+	defer fb.Stop(ctx)
+	t.Logf("fork restored in %v, identity step %v", time.Since(t0), fb.(*box).identified)
+	t0 = time.Now()
+	rb, err := rt.Restore(ctx, src, ck)
+	if err != nil {
+		t.Fatalf("restore into the source: %v", err)
+	}
+	defer rb.Stop(ctx)
+	t.Logf("source restored in %v, identity step %v", time.Since(t0), rb.(*box).identified)
+	for _, c := range []struct {
+		b    isolate.Box
+		spec *isolate.Spec
+	}{{fb, fork}, {rb, src}} {
+		a, _ := n.Addr(c.spec.NetSlot)
+		out := mustSh(t, c.b, "cat /sys/class/net/eth0/address; ip -4 addr show eth0 | grep -c inet; ip -4 addr show eth0 | grep inet; echo hello | nc -w 5 198.51.100.7 80")
+		want := guestMAC(c.spec.ID) + "\n1\n"
+		if !strings.HasPrefix(out, want) || !strings.Contains(out, " "+a.String()+"/") || !strings.HasSuffix(out, "pong from "+a.String()+"\n") {
+			t.Fatalf("%s after the fork: %q (want MAC %s, only the address %s, and the connection seen from it)", c.spec.ID, out, guestMAC(c.spec.ID), a)
+		}
+		select {
+		case s := <-got:
+			if s != a.String()+" hello\n" {
+				t.Fatalf("%s: the listener saw %q, want a connection from %s", c.spec.ID, s, a)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the connection was not reported", c.spec.ID)
 		}
 	}
 }

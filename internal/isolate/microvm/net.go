@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
@@ -18,16 +19,22 @@ import (
 // slot's address, so its addresses and routes move to the guest (on the
 // kernel command line), and a tap device in the same namespace is wired
 // to eth0 with tc: everything arriving on one is redirected out of the
-// other (matchall + mirred). The guest's packets thus leave through the
+// other (u32 + mirred). The guest's packets thus leave through the
 // slot's veth with the slot's source address, under the same nftables
 // rules and egress proxy; eth0's qdisc (SetBandwidthPath) shapes them.
+// Only frames from the box's own MAC go out: a guest restored from
+// another box's checkpoint sends from that box's MAC and addresses until
+// the daemon has given it its own (see applyIdentity), and none of that
+// may reach the bridge, whose forwarding table would send the other
+// box's frames here.
 
 const tapName = "tap0"
 
 // wireTap moves eth0's configuration out of the namespace at nsPath,
-// creates the tap device wired to eth0, and returns its descriptor (for
-// QEMU's -netdev tap,fd=N) and the guest's network configuration.
-func wireTap(nsPath string) (*os.File, *guestNet, error) {
+// creates the tap device wired to eth0 (passing the guest's frames only
+// if they come from mac), and returns its descriptor (for QEMU's -netdev
+// tap,fd=N) and the guest's network configuration.
+func wireTap(nsPath string, mac net.HardwareAddr) (*os.File, *guestNet, error) {
 	ns, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open network namespace: %w", err)
@@ -78,6 +85,10 @@ func wireTap(nsPath string) (*os.File, *guestNet, error) {
 		// eth0 only carries the guest's frames now: no IPv6 of its own.
 		os.WriteFile("/proc/sys/net/ipv6/conf/eth0/disable_ipv6", []byte("1"), 0)
 		f, err := openTap(tapName)
+		if err == nil {
+			// The guest's frames from another MAC end in the tap's stack.
+			os.WriteFile("/proc/sys/net/ipv6/conf/"+tapName+"/disable_ipv6", []byte("1"), 0)
+		}
 		ch <- res{f, err}
 	}()
 	r := <-ch
@@ -98,26 +109,42 @@ func wireTap(nsPath string) (*os.File, *guestNet, error) {
 	if err := h.LinkSetUp(tap); err != nil {
 		return nil, nil, err
 	}
-	for _, pair := range [][2]netlink.Link{{eth, tap}, {tap, eth}} {
-		if err := redirect(h, pair[0], pair[1]); err != nil {
-			return nil, nil, err
-		}
+	if err := redirect(h, eth, tap, nil); err != nil {
+		return nil, nil, err
+	}
+	if err := redirect(h, tap, eth, mac); err != nil {
+		return nil, nil, err
 	}
 	ok = true
 	return r.f, gn, nil
 }
 
-// redirect sends every frame arriving on from out of to.
-func redirect(h *netlink.Handle, from, to netlink.Link) error {
+// redirect sends every frame arriving on from out of to; with src, only
+// the frames from that MAC. The others go up from's own stack in the
+// namespace, which has no address, no forwarding and no IPv6: nowhere.
+// (A drop action would need act_gact, which not every kernel has.)
+func redirect(h *netlink.Handle, from, to netlink.Link, src net.HardwareAddr) error {
 	q := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: from.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}}
 	h.QdiscDel(q)
 	if err := h.QdiscAdd(q); err != nil {
 		return fmt.Errorf("ingress qdisc on %s: %w", from.Attrs().Name, err)
 	}
-	// u32 matching every frame (matchall is not in every kernel).
+	// u32 (matchall is not in every kernel): with no key it matches every
+	// frame. On ingress the offsets count from the network header, so
+	// the source MAC is at -8 (as tc's "match ether src").
+	keys := []netlink.TcU32Key{{Mask: 0, Val: 0, Off: 0}}
+	if src != nil {
+		if len(src) != 6 {
+			return fmt.Errorf("guest MAC %v: want 6 bytes", src)
+		}
+		keys = []netlink.TcU32Key{
+			{Mask: 0xffffffff, Val: binary.BigEndian.Uint32(src[:4]), Off: -8},
+			{Mask: 0xffff0000, Val: uint32(binary.BigEndian.Uint16(src[4:])) << 16, Off: -4},
+		}
+	}
 	f := &netlink.U32{
 		FilterAttrs: netlink.FilterAttrs{LinkIndex: from.Attrs().Index, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: unix.ETH_P_ALL},
-		Sel:         &netlink.TcU32Sel{Flags: nl.TC_U32_TERMINAL, Nkeys: 1, Keys: []netlink.TcU32Key{{Mask: 0, Val: 0, Off: 0}}},
+		Sel:         &netlink.TcU32Sel{Flags: nl.TC_U32_TERMINAL, Keys: keys},
 		Actions:     []netlink.Action{netlink.NewMirredAction(to.Attrs().Index)},
 	}
 	if err := h.FilterAdd(f); err != nil {
