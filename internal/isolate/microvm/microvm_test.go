@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,8 @@ import (
 	"github.com/den-dev/den/internal/isolate/isolatetest"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -519,5 +522,109 @@ func BenchmarkColdStart(b *testing.B) {
 		}
 		mustSh(b, bx, "true")
 		bx.Stop(ctx)
+	}
+}
+
+// The redirect towards eth0 passes only the frames from the box's MAC: a
+// guest restored from another box's checkpoint sends nothing as that box
+// before it has taken its own identity. Frames sent on a1 enter a0, whose
+// redirect to b0 is the tap's; b1 sees what passed.
+func TestMACFilter(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := filepath.Join("/run/den-test/microvm-mac", strconv.Itoa(os.Getpid()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	nsPath := filepath.Join(dir, "netns")
+	if err := linux.CreateNetNS(nsPath); err != nil {
+		t.Skipf("cannot make a network namespace: %v", err)
+	}
+	defer linux.RemoveNetNS(nsPath)
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	links := map[string]netlink.Link{}
+	for _, p := range [][2]string{{"a0", "a1"}, {"b0", "b1"}} {
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p[0]}, PeerName: p[1]}); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range p {
+			l, err := h.LinkByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.LinkSetUp(l)
+			links[name] = l
+		}
+	}
+	mine := net.HardwareAddr{0x02, 0xde, 0x01, 0x02, 0x03, 0x04}
+	other := net.HardwareAddr{0x02, 0xde, 0x01, 0x02, 0x03, 0x05}
+	if err := redirect(h, links["a0"], links["b0"], mine); err != nil {
+		t.Fatal(err)
+	}
+	const etherType = 0x88b5 // local experimental
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends in the namespace
+		if err := netns.Set(ns); err != nil {
+			done <- err
+			return
+		}
+		rx, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(etherType)))
+		if err != nil {
+			done <- err
+			return
+		}
+		defer unix.Close(rx)
+		if err := unix.Bind(rx, &unix.SockaddrLinklayer{Protocol: htons(etherType), Ifindex: links["b1"].Attrs().Index}); err != nil {
+			done <- err
+			return
+		}
+		unix.SetsockoptTimeval(rx, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
+		tx, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer unix.Close(tx)
+		for _, src := range []net.HardwareAddr{other, mine} {
+			frame := append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src...)
+			frame = append(frame, etherType>>8, etherType&0xff)
+			frame = append(frame, make([]byte, 46)...)
+			if err := unix.Sendto(tx, frame, 0, &unix.SockaddrLinklayer{Ifindex: links["a1"].Attrs().Index, Halen: 6}); err != nil {
+				done <- err
+				return
+			}
+		}
+		buf := make([]byte, 1500)
+		for {
+			n, _, err := unix.Recvfrom(rx, buf, 0)
+			if err != nil {
+				done <- fmt.Errorf("no frame from the box's MAC came through: %w", err)
+				return
+			}
+			switch src := net.HardwareAddr(buf[6:12]); {
+			case n < 14:
+			case src.String() == other.String():
+				done <- fmt.Errorf("a frame from another MAC (%s) came through", src)
+				return
+			case src.String() == mine.String():
+				done <- nil
+				return
+			}
+		}
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
