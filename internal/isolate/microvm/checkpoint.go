@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -186,6 +187,11 @@ func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (
 	if vm.Net != spec.Net {
 		return nil, fmt.Errorf("restore: the checkpoint was taken with network %v, the box now has %v", vm.Net, spec.Net)
 	}
+	if vm.Ident == nil {
+		// A checkpoint made before den kept the guest's identity: the
+		// guest has the one it booted with.
+		vm.Ident = bootIdentity(vm)
+	}
 	if spec.Net {
 		// The box's own MAC, whichever box the checkpoint is of: the
 		// guest takes it after the restore (boot, identify).
@@ -216,6 +222,28 @@ func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	return r.boot(ctx, spec, vm, nil, dir)
+}
+
+// bootIdentity is the identity a guest booted with: the hostname and
+// network on its kernel command line, and its MAC.
+func bootIdentity(vm vmConfig) *guestIdentity {
+	for _, f := range strings.Fields(vm.Cmdline) {
+		v, ok := strings.CutPrefix(f, "den.cfg=")
+		if !ok {
+			continue
+		}
+		var gc guestConfig
+		raw, err := base64.RawURLEncoding.DecodeString(v)
+		if err != nil || json.Unmarshal(raw, &gc) != nil {
+			return nil
+		}
+		id := &guestIdentity{Hostname: gc.Hostname, Net: gc.Net}
+		if vm.Net {
+			id.MAC = vm.MAC
+		}
+		return id
+	}
+	return nil
 }
 
 // copySparse copies src to dst: a reflink where the filesystem has them,

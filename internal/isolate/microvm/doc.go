@@ -65,8 +65,12 @@
 // its neighbour cache (its next packet re-teaches the gateway its MAC)
 // and sends a gratuitous ARP. The fork's open TCP connections break
 // (their address is gone); processes, memory and files carry over. The
-// identity the guest has is kept in vm.json: a restore into the box the
-// checkpoint came from, with the same slot, skips the step.
+// identity the guest has is kept in vm.json (for older checkpoints, the
+// one on its kernel command line): a restore into the box the checkpoint
+// came from, with the same slot, skips the step and keeps its
+// connections. Under TCG on a 2-CPU host the step takes 0.1-0.3 s
+// without network and 0.3-0.6 s with (cold, translated guest code),
+// overlapped with the agent's reconnection.
 //
 // KVM is probed once (a guest boot that must panic within 10 s) and the
 // verdict cached in StateDir/accel.json: under some nested paravirtual

@@ -590,7 +590,12 @@ func (b *box) flush(ctx context.Context) error {
 // it has (see applyIdentity).
 func (b *box) identify(ctx context.Context, id *guestIdentity) error {
 	raw, _ := json.Marshal(id)
-	return b.control(ctx, "identity "+base64.RawURLEncoding.EncodeToString(raw))
+	err := b.control(ctx, "identity "+base64.RawURLEncoding.EncodeToString(raw))
+	if err != nil && err.Error() == "unknown" {
+		// The init of a checkpoint made by an older den answers so.
+		return errors.New("the checkpoint's guest predates identity requests (made by an older den): it can be restored only into the box it was taken of, on the same network slot")
+	}
+	return err
 }
 
 // control sends one request to the guest init's control port and waits

@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -198,6 +199,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	mustSh(t, b, "true")
 	t.Logf("cold start (Start until exec of true answered): %v", time.Since(t0))
+	checkBootIdentity(t, b)
 	out := mustSh(t, b, "cat /usr/share/den/hello; stat -c %u:%g /usr/share/den/hello; ls /usr/bin/from-root 2>&1; cat /etc/hidden 2>&1; echo new > /usr/share/den/new; ls /usr/share/den")
 	if !strings.Contains(out, "from the usr layer\n1000:1000\n") || !strings.Contains(out, "No such file") || !strings.Contains(out, "hello\nnew") {
 		t.Fatalf("usr overlay / whiteout: %q", out)
@@ -273,6 +275,20 @@ func TestLifecycle(t *testing.T) {
 	}
 	if _, err := os.Stat(rt2.boxRun(spec.ID)); !os.IsNotExist(err) {
 		t.Fatalf("run dir left after Stop: %v", err)
+	}
+}
+
+// checkBootIdentity checks that a booted box's recorded identity is the
+// one bootIdentity reads back from its machine, as a restore of a
+// checkpoint that recorded none does: the same box then skips the
+// identity request.
+func checkBootIdentity(t *testing.T, b isolate.Box) {
+	t.Helper()
+	vm := b.(*box).vm
+	want, _ := json.Marshal(vm.Ident)
+	got, _ := json.Marshal(bootIdentity(vm))
+	if vm.Ident == nil || vm.Ident.Hostname == "" || vm.Net != (vm.Ident.Net != nil && vm.Ident.MAC != "") || string(got) != string(want) {
+		t.Fatalf("identity recorded at boot %s, read from the machine %s", want, got)
 	}
 }
 
@@ -389,6 +405,7 @@ func TestNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkBootIdentity(t, b)
 	addr, _ := n.Addr(spec.NetSlot)
 	out := mustSh(t, b, "ip -4 addr show eth0 | grep inet; echo hello | nc -w 5 198.51.100.7 80")
 	if !strings.Contains(out, addr.String()+"/") || !strings.Contains(out, "pong from "+addr.String()) {
@@ -459,6 +476,9 @@ func TestNetwork(t *testing.T) {
 	}
 	defer rb.Stop(ctx)
 	t.Logf("source restored in %v, identity step %v", time.Since(t0), rb.(*box).identified)
+	if fb.(*box).identified == 0 || rb.(*box).identified != 0 {
+		t.Fatalf("identity step: %v in the fork, %v in the source (want one in the fork only: the source's identity is unchanged)", fb.(*box).identified, rb.(*box).identified)
+	}
 	for _, c := range []struct {
 		b    isolate.Box
 		spec *isolate.Spec
