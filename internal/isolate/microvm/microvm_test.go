@@ -489,6 +489,13 @@ func TestNetwork(t *testing.T) {
 		if !strings.HasPrefix(out, want) || !strings.Contains(out, " "+a.String()+"/") || !strings.HasSuffix(out, "pong from "+a.String()+"\n") {
 			t.Fatalf("%s after the fork: %q (want MAC %s, only the address %s, and the connection seen from it)", c.spec.ID, out, guestMAC(c.spec.ID), a)
 		}
+		// IPv6 too, where the slot has it: its global address only.
+		if a6, err := n.Addr6(c.spec.NetSlot); err == nil && c.b.(*box).vm.Ident.Net.GW6 != "" {
+			out := mustSh(t, c.b, "ip -6 addr show dev eth0 scope global | grep inet6")
+			if strings.Count(out, "inet6") != 1 || !strings.Contains(out, " "+a6.String()+"/") {
+				t.Fatalf("%s after the fork: IPv6 %q, want only %s", c.spec.ID, out, a6)
+			}
+		}
 		select {
 		case s := <-got:
 			if s != a.String()+" hello\n" {
