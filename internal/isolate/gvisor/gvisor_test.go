@@ -69,7 +69,7 @@ func newRuntime(t testing.TB) *Runtime {
 	t.Helper()
 	needRunsc(t)
 	dir := testRunDir(t)
-	rt, err := New(Config{RunDir: dir, Runsc: testRunsc, CgroupParent: testCgroup})
+	rt, err := New(Config{RunDir: dir, Runsc: testRunsc, Platform: os.Getenv("DEN_GVISOR_PLATFORM"), CgroupParent: testCgroup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -801,6 +801,27 @@ func TestNetwork(t *testing.T) {
 	faddr, _ := n.Addr(7)
 	if out := mustSh(t, fb, "busybox nc 192.0.2.1 80 </dev/null"); out != fmt.Sprintf("from %s\n", faddr) {
 		t.Fatalf("the fork connects as %q, want from %s", out, faddr)
+	}
+}
+
+// BenchmarkWorkload times workloads run in one box through the agent, on
+// the platform den picks or $DEN_GVISOR_PLATFORM, with runsc from
+// $DEN_RUNSC or PATH: where systrap's cheaper system calls show.
+func BenchmarkWorkload(b *testing.B) {
+	rt := newRuntime(b)
+	box := start(b, rt, testSpec(b, "gbench"))
+	b.Logf("runsc %s, platform %s", rt.info.Version, rt.info.Platform)
+	for _, w := range []struct{ name, script string }{
+		{"exec-true", "true"},
+		{"syscalls-20k", "dd if=/dev/zero of=/dev/null bs=1 count=10000 2>/dev/null"},
+		{"fork-exec-20", "i=0; while [ $i -lt 20 ]; do /bin/true; i=$((i+1)); done"},
+		{"files-find-usr-share", "find /usr/share -xdev >/dev/null 2>&1; true"},
+	} {
+		b.Run(w.name, func(b *testing.B) {
+			for b.Loop() {
+				mustSh(b, box, w.script)
+			}
+		})
 	}
 }
 
