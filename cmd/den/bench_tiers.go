@@ -169,5 +169,49 @@ func (b *bench) gvisorScenario(ctx context.Context) error {
 	br := benchStatsRow("gvisor", "hibernate + resume of an idle gVisor sandbox (checkpoint + restore, API)", both)
 	br.judge(fmt.Sprintf("p50 ≤ %d ms", benchCheckpointMs), br.p50(), benchCheckpointMs)
 	b.add(br, benchStatsRow("gvisor", "  of which hibernate (runsc checkpoint)", hib), benchStatsRow("gvisor", "  of which resume (runsc restore)", res))
+	return b.memoryForks(ctx, "gvisor", sb.ID)
+}
+
+// memoryForks times, on one running sandbox, a snapshot that keeps its
+// processes and a fork that does (until the fork answers an exec), beside
+// a files-only fork (which boots its fork afresh) in the same run.
+func (b *bench) memoryForks(ctx context.Context, tier, id string) error {
+	var snaps, memForks, fileForks []time.Duration
+	fork := func(memory bool) (time.Duration, error) {
+		t0 := time.Now()
+		list, err := b.cl.Fork(ctx, id, api.ForkRequest{Memory: memory, Labels: b.labels()})
+		if err != nil {
+			return 0, err
+		}
+		_, err = b.cl.Exec(ctx, list[0].ID, api.ExecRequest{Cmd: []string{"/bin/busybox", "true"}})
+		d := time.Since(t0)
+		b.cl.Remove(context.WithoutCancel(ctx), list[0].ID, true)
+		if err == nil && memory && list[0].Resumed != api.ResumedRestored {
+			err = fmt.Errorf("a fork with memory was %q, not restored from the checkpoint", list[0].Resumed)
+		}
+		return d, err
+	}
+	for i := 0; i < b.iterations(benchCheckpointN); i++ {
+		t0 := time.Now()
+		snap, err := b.cl.Snapshot(ctx, id, api.SnapshotRequest{Memory: true})
+		if err != nil {
+			return err
+		}
+		snaps = append(snaps, time.Since(t0))
+		b.cl.RemoveSnapshot(context.WithoutCancel(ctx), snap.ID)
+		d, err := fork(true)
+		if err != nil {
+			return err
+		}
+		memForks = append(memForks, d)
+		if d, err = fork(false); err != nil {
+			return err
+		}
+		fileForks = append(fileForks, d)
+	}
+	fr := benchStatsRow(tier, "fork --memory of an idle sandbox until the fork answers exec (API)", memForks)
+	ff := benchStatsRow(tier, "fork of files only, booted afresh, until it answers exec (same run)", fileForks)
+	fr.compare(ff, "files-only fork p50")
+	b.add(benchStatsRow(tier, "snapshot --memory of an idle sandbox (checkpoint, copy, restore; API)", snaps), fr, ff)
 	return nil
 }

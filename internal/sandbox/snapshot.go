@@ -313,6 +313,17 @@ func setCachedHashes(sandbox string, c storage.HashCache) {
 	}
 }
 
+// manifestRoot is the tree a snapshot's manifest covers: its overlay
+// upper directories, or all of it when it has none (a microVM's files are
+// one disk image).
+func (m *Manager) manifestRoot(id string) string {
+	upper := filepath.Join(m.snapshotDir(id), "upper")
+	if _, err := os.Lstat(upper); err == nil {
+		return upper
+	}
+	return m.snapshotDir(id)
+}
+
 // sealAsync computes a snapshot's checksum manifest in the background.
 func (m *Manager) sealAsync(id string) {
 	done := make(chan struct{})
@@ -336,7 +347,7 @@ func (m *Manager) seal(ctx context.Context, id string) error {
 	if err != nil {
 		return nil // removed meanwhile
 	}
-	man, cache, err := storage.BuildManifestCached(ctx, filepath.Join(m.snapshotDir(id), "upper"), cachedHashes(s.Sandbox))
+	man, cache, err := storage.BuildManifestCached(ctx, m.manifestRoot(id), cachedHashes(s.Sandbox))
 	if err != nil {
 		return err
 	}
@@ -386,7 +397,7 @@ func (m *Manager) verified(ctx context.Context, s *api.Snapshot) error {
 	if s.Digest != "" && man.Digest != s.Digest {
 		return api.Errorf(api.KindConflict, "snapshot %s: manifest digest %s does not match the recorded %s", s.ID[:12], man.Digest, s.Digest)
 	}
-	if err := man.Verify(ctx, filepath.Join(m.snapshotDir(s.ID), "upper")); err != nil {
+	if err := man.Verify(ctx, m.manifestRoot(s.ID)); err != nil {
 		return api.Errorf(api.KindConflict, "snapshot %s failed verification: %v", s.ID[:12], err)
 	}
 	return nil
@@ -548,41 +559,72 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 		wg.Wait()
 		return errors.Join(errs...)
 	}
-	// With memory, one checkpoint of the source (its files copied while
-	// it is stopped) boots every fork; it is removed once they run.
+	// Boot the forks side by side (a few at a time).
 	mem := ""
+	var copied time.Duration
+	errs := make([]error, len(recs))
+	bootAll := func() {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 4)
+		for i, r := range recs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				dir := filepath.Join(m.sandboxesDir(), r.ID)
+				os.RemoveAll(filepath.Join(dir, "work"))
+				errs[i] = m.setQuota(dir, r.Limits.Disk)
+				if errs[i] == nil {
+					errs[i] = m.createFrom(ctx, r, mem)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	booted := false
 	if req.Memory {
+		// One checkpoint of the source, its files copied while it is
+		// stopped, boots every fork; the forks are restored while the
+		// source is, and the checkpoint is removed once they run.
 		mem = filepath.Join(m.cfg.DataDir, "memory", "fork-"+recs[0].ID)
 		defer os.RemoveAll(mem)
-		err = m.withCheckpoint(ctx, src, mem, copyAll)
+		done := make(chan struct{})
+		err = m.withCheckpoint(ctx, src, mem, func() error {
+			if err := copyAll(); err != nil {
+				return err
+			}
+			copied = time.Since(start)
+			booted = true
+			go func() { bootAll(); close(done) }()
+			return nil
+		})
+		unlock()
+		if booted {
+			<-done
+		}
 	} else {
 		_, err = m.frozen(ctx, src, copyAll)
+		unlock()
+		copied = time.Since(start)
 	}
-	unlock()
-	if err != nil {
+	if err != nil && !booted {
 		release()
 		return nil, fmt.Errorf("fork: %w", err)
 	}
-	copied := time.Since(start)
-	// Boot the forks side by side (a few at a time).
-	errs := make([]error, len(recs))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
-	for i, r := range recs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			dir := filepath.Join(m.sandboxesDir(), r.ID)
-			os.RemoveAll(filepath.Join(dir, "work"))
-			errs[i] = m.setQuota(dir, r.Limits.Disk)
-			if errs[i] == nil {
-				errs[i] = m.createFrom(ctx, r, mem)
-			}
-		}()
+	if !booted {
+		bootAll()
 	}
-	wg.Wait()
+	if err != nil {
+		// The forks were made but the source could not be restored.
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = fmt.Errorf("fork: %w", err)
+				m.Remove(context.Background(), recs[i].ID, true)
+			}
+		}
+		return nil, fmt.Errorf("fork: %w", err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		for i, r := range recs {
 			if errs[i] == nil {

@@ -115,6 +115,23 @@ func testMemorySnapshots(t *testing.T, tier string) {
 	}
 	e.waitCount(t, sb.ID, e.count(t, sb.ID)+2)
 
+	// A paused sandbox is snapshotted and stays paused.
+	if _, err := e.c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := e.c.Snapshot(ctx, sb.ID, api.SnapshotRequest{Memory: true})
+	if err != nil {
+		t.Fatalf("memory snapshot of a paused sandbox: %v", err)
+	}
+	defer e.c.RemoveSnapshot(ctx, ps.ID)
+	if cur, err := e.c.Get(ctx, sb.ID); err != nil || cur.State != api.StatePaused {
+		t.Fatalf("after a memory snapshot of a paused sandbox: %+v %v", cur, err)
+	}
+	if _, err := e.c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCount(t, sb.ID, e.count(t, sb.ID)+2)
+
 	// A stopped sandbox has no processes to keep; nothing is lost.
 	if _, err := e.c.Stop(ctx, made.ID); err != nil {
 		t.Fatal(err)
@@ -157,6 +174,9 @@ func testMemorySnapshots(t *testing.T, tier string) {
 	}
 	if _, err := os.Stat(filepath.Join(e.data, "memory", snap.ID)); !os.IsNotExist(err) {
 		t.Fatalf("memory left after the snapshot's removal: %v", err)
+	}
+	if err := e.c.RemoveSnapshot(ctx, ps.ID); err != nil {
+		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(e.data, "memory")); len(ents) != 0 {
 		t.Fatalf("left in the memory directory: %v", ents)
