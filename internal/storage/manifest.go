@@ -199,10 +199,10 @@ feed:
 // 100 MiB hashes like 100 MiB, and the sum depends on the content only
 // (a hole and a block of zeros are the same).
 const (
-	bigFile   = 16 << 20
-	zsPrefix  = "zs1:"
-	zsBlock   = 4096
-	hashBuf   = 1 << 20
+	bigFile  = 16 << 20
+	zsPrefix = "zs1:"
+	zsBlock  = 4096
+	hashBuf  = 1 << 20
 )
 
 func hashFile(path string, buf []byte) (string, error) {
