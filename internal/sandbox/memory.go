@@ -86,8 +86,7 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 		}
 		if wasPaused {
 			if p, ok := b.(pauser); ok {
-				p.Resume(ctx)
-				p.Pause(ctx)
+				p.Pause(ctx) // as it was
 			}
 		}
 		return fmt.Errorf("checkpoint: %w", err)
