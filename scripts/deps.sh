@@ -28,3 +28,14 @@ if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
 fi
 export GOTOOLCHAIN="go${need_go}+auto"
 go version >&2
+
+# A current gVisor runsc beside Debian's 2022 one (kept, and tested too):
+# systrap, checkpoints of sandboxes that had TCP connections, coreutils'
+# statx (docs/design.md, "runsc versions"). Built once per pinned version
+# from the Go module proxy into /usr/local/bin, ahead of /usr/bin on PATH.
+# CGO_ENABLED=0: a cgo build cannot re-execute itself in gVisor's chroot.
+runsc_version=v0.0.0-20260905035102-160fafc42237
+if ! go version -m /usr/local/bin/runsc 2>/dev/null | grep -q "gvisor.dev/gvisor[[:space:]]*${runsc_version}"; then
+  echo "deps: building runsc ${runsc_version} (about 2 minutes)" >&2
+  CGO_ENABLED=0 GOBIN=/usr/local/bin go install "gvisor.dev/gvisor/runsc@${runsc_version}"
+fi

@@ -69,6 +69,7 @@ func cmdServe(args []string) error {
 	defRuntime := fs.String("runtime", "linux", "default isolation tier of new sandboxes: linux, gvisor or microvm (den create --runtime picks per sandbox)")
 	runtimes := fs.String("runtimes", "linux,gvisor,microvm", "tiers to offer where this host can run them (den info says which and why not)")
 	runscPath := fs.String("runsc", envOr("DEN_RUNSC", ""), "gVisor's runsc binary for the gvisor tier (default: runsc on PATH; den info shows its version and platform)")
+	runscPlatform := fs.String("runsc-platform", "", "gVisor platform: systrap, kvm or ptrace (default: the fastest one a trial sandbox shows working here)")
 	sshAddr := fs.String("ssh", "", "serve den's SSH gateway on this address, like 127.0.0.1:2222 (ssh -p 2222 ID@host; keys from den ssh-key add)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
@@ -143,7 +144,7 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("linux runtime: %w", err)
 	}
-	tiers := setupTiers(log, rt, *runDir, *data, nw, strings.Split(*runtimes, ","), *runscPath)
+	tiers := setupTiers(log, rt, *runDir, *data, nw, strings.Split(*runtimes, ","), *runscPath, *runscPlatform)
 	defRT, err := tiers.defaultTier(*defRuntime)
 	if err != nil {
 		return err
