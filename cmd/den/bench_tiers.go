@@ -93,9 +93,13 @@ func (b *bench) gvisorScenario(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	runsc, err := exec.LookPath("runsc")
-	if err != nil {
-		return fmt.Errorf("runsc not found in PATH (apt-get install runsc)")
+	// The peer is the daemon's own runsc where this host has it (den serve
+	// --runsc), else the one on PATH.
+	runsc := ti.Details["runsc_path"]
+	if _, err := os.Stat(runsc); runsc == "" || err != nil {
+		if runsc, err = exec.LookPath("runsc"); err != nil {
+			return fmt.Errorf("runsc not found in PATH (apt-get install runsc)")
+		}
 	}
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
