@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 )
 
 // Snapshots and forks that keep processes, on each tier with memory
@@ -131,6 +132,29 @@ func testMemorySnapshots(t *testing.T, tier string) {
 		t.Fatal(err)
 	}
 	e.waitCount(t, sb.ID, e.count(t, sb.ID)+2)
+
+	// Saved memory that was damaged on disk: a sandbox made from it boots
+	// with the snapshot's files, says so, and the daemon goes on.
+	filepath.WalkDir(filepath.Join(e.data, "memory", ps.ID), func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if st, err := os.Stat(p); err == nil && st.Size() > 64 {
+				os.Truncate(p, st.Size()/2)
+			}
+		}
+		return nil
+	})
+	broken := e.create(t, api.CreateRequest{From: ps.ID})
+	defer e.c.Remove(ctx, broken.ID, true)
+	if broken.Resumed != api.ResumedRestarted || broken.State != api.StateRunning {
+		t.Fatalf("created from damaged memory: %+v (want running, restarted)", broken)
+	}
+	if res := e.sh(t, broken.ID, "cat /root/f"); string(res.Stdout) != "one\n" {
+		t.Fatalf("files of a sandbox whose memory was damaged: %q", res.Stdout)
+	}
+	evs, err := e.c.Events(ctx, client.EventFilter{Sandbox: broken.ID, Type: "sandbox.restore_failed"})
+	if err != nil || len(evs) == 0 {
+		t.Fatalf("no restore_failed event for damaged memory: %v %v", evs, err)
+	}
 
 	// A stopped sandbox has no processes to keep; nothing is lost.
 	if _, err := e.c.Stop(ctx, made.ID); err != nil {

@@ -74,10 +74,11 @@ func (e *env) busyboxImage(t *testing.T) string {
 	return "busybox"
 }
 
-// ticker starts a background counter in a sandbox; count reads it.
+// ticker starts a background counter in a sandbox; count reads it (the
+// file is replaced whole, so a read never sees it half written).
 func (e *env) ticker(t *testing.T, id string) {
 	t.Helper()
-	if _, err := e.c.StartProcess(context.Background(), id, api.ExecRequest{Shell: "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.1; done"}); err != nil {
+	if _, err := e.c.StartProcess(context.Background(), id, api.ExecRequest{Shell: "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.1; done"}); err != nil {
 		t.Fatal(err)
 	}
 }

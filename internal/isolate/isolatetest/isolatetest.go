@@ -263,7 +263,7 @@ func testBackground(t *testing.T, h Harness) {
 	b := h.start(t, h.Spec(t, "cbg"))
 	ctx := h.ctx(t)
 	var st api.ProcessInfo
-	err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.1; done"}, Name: "ticker"}, &st)
+	err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.1; done"}, Name: "ticker"}, &st)
 	if err != nil {
 		t.Fatalf("start background process: %v", err)
 	}
@@ -314,7 +314,7 @@ func waitTicks(t *testing.T, ctx context.Context, b isolate.Box, want int) int {
 func startTicker(t *testing.T, ctx context.Context, b isolate.Box) {
 	t.Helper()
 	var st api.ProcessInfo
-	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.1; done"}}, &st); err != nil {
+	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.1; done"}}, &st); err != nil {
 		t.Fatalf("start ticker: %v", err)
 	}
 }
