@@ -25,7 +25,7 @@ import (
 // NetworkConfig describes the host side of sandbox networking.
 type NetworkConfig struct {
 	Bridge string       // default "den0"
-	Table  string       // nftables table (family inet), default "den"
+	Table  string       // nftables table (family inet), default "den" for bridge den0, else "den_BRIDGE"
 	Subnet netip.Prefix // IPv4 subnet of the bridge, default 10.88.0.0/16; the first host address is the gateway
 	// Subnet6 is the bridge's IPv6 prefix, /64 to /96: a sandbox's IPv6
 	// address is the prefix with its IPv4 address in the last 32 bits
@@ -131,7 +131,17 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 		cfg.Bridge = "den0"
 	}
 	if cfg.Table == "" {
+		// One table per bridge: two daemons on one host (each with its
+		// own --bridge) must not replace each other's rules.
 		cfg.Table = "den"
+		if cfg.Bridge != "den0" {
+			cfg.Table = "den_" + strings.Map(func(r rune) rune {
+				if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+					return r
+				}
+				return '_'
+			}, cfg.Bridge)
+		}
 	}
 	if !cfg.Subnet.IsValid() {
 		cfg.Subnet = netip.MustParsePrefix("10.88.0.0/16")
