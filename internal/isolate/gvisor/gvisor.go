@@ -49,8 +49,11 @@ type Runtime struct {
 	info     Info
 	state    string // runsc --root
 	agentDir string // host directory holding the den binary for boxes
-	cg       cgroups
-	reap     *reaper // nil if this process cannot be a subreaper
+	// agentInterp is the loader a dynamically linked den binary needs
+	// inside every box's root ("" for a static build).
+	agentInterp string
+	cg          cgroups
+	reap        *reaper // nil if this process cannot be a subreaper
 }
 
 // New finds runsc, chooses a platform and prepares the run directory.
@@ -89,6 +92,7 @@ func New(cfg Config) (*Runtime, error) {
 	if r.agentDir, err = installAgent(filepath.Join(cfg.RunDir, "agent")); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
+	r.agentInterp = elfInterp(filepath.Join(r.agentDir, "den"))
 	return r, nil
 }
 
@@ -295,6 +299,9 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, image string) (_
 		if err != nil {
 			if msg := logTail(run); msg != "" {
 				err = fmt.Errorf("%w; runsc log: %s", err, msg)
+			}
+			if r.agentInterp != "" {
+				err = fmt.Errorf("%w (this den binary is dynamically linked: it is the box's init and needs %s inside the sandbox's root, which images without it, like busybox, lack; build den with CGO_ENABLED=0 as scripts/deps.sh does)", err, r.agentInterp)
 			}
 			r.clean(context.Background(), spec)
 		}
