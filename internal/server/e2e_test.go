@@ -100,7 +100,8 @@ func newEnvWith(t *testing.T, pool int, setup func(e *env)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := linux.New(linux.Config{RunDir: fmt.Sprintf("/run/den-e2e/%d-%d", os.Getpid(), n), CgroupName: "den-e2e"})
+	runDir := fmt.Sprintf("/run/den-e2e/%d-%d", os.Getpid(), n)
+	rt, err := linux.New(linux.Config{RunDir: runDir, CgroupName: "den-e2e"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,8 +118,16 @@ func newEnvWith(t *testing.T, pool int, setup func(e *env)) *env {
 		}
 		e.stop()
 		db.Close()
+		unmountRunDir(runDir)
 	})
 	return e
+}
+
+// unmountRunDir removes a test daemon's run directory, which a runtime
+// made a mount of its own.
+func unmountRunDir(dir string) {
+	syscall.Unmount(dir, syscall.MNT_DETACH)
+	os.RemoveAll(dir)
 }
 
 func (e *env) start(t *testing.T, imgs *image.Store) {

@@ -264,7 +264,8 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 		t.Fatal(err)
 	}
 	imgs, _ := image.NewStore(filepath.Join(data, "images"))
-	rt, err := linux.New(linux.Config{RunDir: fmt.Sprintf("/run/den-e2e/%d-net", os.Getpid()), CgroupName: "den-e2e", Network: nw})
+	runDir := fmt.Sprintf("/run/den-e2e/%d-net", os.Getpid())
+	rt, err := linux.New(linux.Config{RunDir: runDir, CgroupName: "den-e2e", Network: nw})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,6 +325,7 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 		e.stop()
 		eg.Close()
 		db.Close()
+		unmountRunDir(runDir)
 	})
 	return e, in
 }

@@ -37,7 +37,11 @@ func newTierEnv(t *testing.T) *env {
 		} else {
 			e.tiers["microvm"] = m
 		}
-		t.Cleanup(func() { os.RemoveAll(run) })
+		t.Cleanup(func() {
+			unmountRunDir(run + "/gvisor")
+			unmountRunDir(run + "/microvm")
+			os.RemoveAll(run)
+		})
 	})
 }
 

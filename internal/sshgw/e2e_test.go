@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +74,7 @@ func (l *lockedBuffer) String() string {
 // env is one daemon with the gateway, shared by the tests.
 type env struct {
 	dir  string
+	run  string // the linux runtime's run directory
 	db   *store.DB
 	m    *sandbox.Manager
 	h    *server.Server
@@ -133,7 +135,8 @@ func start() (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, err := linux.New(linux.Config{RunDir: fmt.Sprintf("/run/den-e2e/sshgw-%d", os.Getpid()), CgroupName: "den-e2e"})
+	e.run = fmt.Sprintf("/run/den-e2e/sshgw-%d", os.Getpid())
+	rt, err := linux.New(linux.Config{RunDir: e.run, CgroupName: "den-e2e"})
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +229,9 @@ func (e *env) close() {
 	e.m.Close()
 	e.db.Close()
 	os.RemoveAll(e.dir)
+	// The runtime made its run directory a mount of its own.
+	syscall.Unmount(e.run, syscall.MNT_DETACH)
+	os.RemoveAll(e.run)
 }
 
 // keygen makes an ed25519 key pair with OpenSSH's ssh-keygen.
