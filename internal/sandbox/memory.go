@@ -55,18 +55,23 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 		return api.Errorf(api.KindConflict, "sandbox %s has no box: stop and start it", rec.ID[:12])
 	}
 	wasPaused := rec.State == api.StatePaused
+	// repause leaves a paused sandbox paused when nothing was saved.
+	repause := func() {}
 	if wasPaused {
 		if p, ok := b.(pauser); ok {
 			if err := p.Resume(ctx); err != nil {
 				return fmt.Errorf("resume for the checkpoint: %w", err)
 			}
+			repause = func() { p.Pause(context.Background()) }
 		}
 	}
 	// Writes the sandbox's kernel caches reach the files copied.
 	if err := b.Agent().JSON(ctx, "POST", "/sync", nil, nil, nil); err != nil {
+		repause()
 		return fmt.Errorf("sync the sandbox's files before the checkpoint: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		repause()
 		return err
 	}
 	os.RemoveAll(dir)
@@ -84,11 +89,7 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 			return fmt.Errorf("checkpoint: %w (the sandbox's processes ended with it: it was started again with its files)", err)
 		default:
 		}
-		if wasPaused {
-			if p, ok := b.(pauser); ok {
-				p.Pause(ctx) // as it was
-			}
-		}
+		repause()
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	m.dropBox(ctx, rec, b)
