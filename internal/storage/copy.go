@@ -208,25 +208,67 @@ func (c *copier) file(s, d string, size int64) (err error) {
 	if unix.IoctlFileClone(ofd, ifd) == nil {
 		return nil
 	}
+	if err := dataRanges(ifd, size, func(off, end int64) error {
+		if err := c.copyRange(ifd, ofd, off, end-off); err != nil {
+			return &os.PathError{Op: "copy data", Path: s, Err: err}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return out.Truncate(size)
+}
+
+// dataRanges calls fn, in order, for each range [off, end) of the first
+// size bytes of file fd that may hold data: holes are skipped (where the
+// filesystem has no SEEK_DATA, all of it is one range).
+func dataRanges(fd int, size int64, fn func(off, end int64) error) error {
 	for off := int64(0); off < size; {
-		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if err == unix.ENXIO {
-			break // only a hole is left
+			return nil // only a hole is left
 		}
 		if err != nil { // no SEEK_DATA: all of it is data
 			data = off
 		}
-		end, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
+		end, err := unix.Seek(fd, data, unix.SEEK_HOLE)
 		if err != nil {
 			end = size
 		}
 		end = min(end, size)
-		if err := c.copyRange(ifd, ofd, data, end-data); err != nil {
-			return &os.PathError{Op: "copy data", Path: s, Err: err}
+		if err := fn(data, end); err != nil {
+			return err
 		}
 		off = end
 	}
-	return out.Truncate(size)
+	return nil
+}
+
+// CopyFile makes dst (replacing it) a copy of regular file src as a tree
+// copy makes one: a reflink where the filesystem shares extents, else the
+// data ranges only, so holes stay holes. dst is synced to disk.
+func CopyFile(src, dst string) error {
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	c := &copier{}
+	if err := c.file(src, dst, st.Size()); err != nil {
+		os.Remove(dst)
+		return err
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY, 0)
+	if err == nil {
+		err = f.Sync()
+		f.Close()
+	}
+	if err != nil {
+		os.Remove(dst)
+	}
+	return err
 }
 
 func (c *copier) copyRange(ifd, ofd int, off, n int64) error {

@@ -236,29 +236,15 @@ func hashBlocks(f *os.File, size int64, buf []byte) (string, error) {
 	buf = buf[:len(buf)/zsBlock*zsBlock]
 	var idx [8]byte
 	next := int64(0) // first byte not yet hashed (a block boundary)
-	for next < size {
-		data, err := unix.Seek(int(f.Fd()), next, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		}
-		if err != nil {
-			return "", err
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return "", err
-		}
-		off := data / zsBlock * zsBlock
-		if off < next {
-			off = next
-		}
-		for off < hole {
-			n, err := f.ReadAt(buf[:min(int64(len(buf)), (hole-off+zsBlock-1)/zsBlock*zsBlock)], off)
+	err := dataRanges(int(f.Fd()), size, func(data, end int64) error {
+		off := max(data/zsBlock*zsBlock, next)
+		for off < end {
+			n, err := f.ReadAt(buf[:min(int64(len(buf)), (end-off+zsBlock-1)/zsBlock*zsBlock)], off)
 			if n == 0 {
 				if err == nil || errors.Is(err, io.EOF) {
-					return "", fmt.Errorf("%s: shorter than its size", f.Name())
+					return fmt.Errorf("%s: shorter than its size", f.Name())
 				}
-				return "", err
+				return err
 			}
 			for i := 0; i < n; i += zsBlock {
 				b := buf[i:min(i+zsBlock, n)]
@@ -272,6 +258,10 @@ func hashBlocks(f *os.File, size int64, buf []byte) (string, error) {
 			off += int64(n)
 		}
 		next = off
+		return nil
+	})
+	if err != nil {
+		return "", err
 	}
 	binary.BigEndian.PutUint64(idx[:], uint64(size))
 	h.Write(idx[:])

@@ -6,14 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/den-dev/den/internal/isolate"
-	"golang.org/x/sys/unix"
+	"github.com/den-dev/den/internal/storage"
 )
 
 // A checkpoint directory holds:
@@ -78,7 +77,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	// The VM is stopped and its disk flushed: copy it as it is now.
-	if err := copySparse(filepath.Join(b.spec.Dir, "disk.img"), filepath.Join(dir, "disk.img")); err != nil {
+	if err := storage.CopyFile(filepath.Join(b.spec.Dir, "disk.img"), filepath.Join(dir, "disk.img")); err != nil {
 		resume()
 		b.attach(ctx)
 		return fmt.Errorf("checkpoint: copy disk: %w", err)
@@ -215,7 +214,7 @@ func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	disk := filepath.Join(spec.Dir, "disk.img")
-	if err := copySparse(filepath.Join(dir, "disk.img"), disk+".restore"); err != nil {
+	if err := storage.CopyFile(filepath.Join(dir, "disk.img"), disk+".restore"); err != nil {
 		return nil, fmt.Errorf("restore: copy disk: %w", err)
 	}
 	if err := os.Rename(disk+".restore", disk); err != nil {
@@ -243,67 +242,6 @@ func bootIdentity(vm vmConfig) *guestIdentity {
 		}
 		return id
 	}
-	return nil
-}
-
-// copySparse copies src to dst: a reflink where the filesystem has them,
-// else the data extents only.
-func copySparse(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	st, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	ok := false
-	defer func() {
-		out.Close()
-		if !ok {
-			os.Remove(dst)
-		}
-	}()
-	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
-		ok = true
-		return nil
-	}
-	if err := out.Truncate(st.Size()); err != nil {
-		return err
-	}
-	var off int64
-	for off < st.Size() {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if err != nil {
-			if errors.Is(err, unix.ENXIO) {
-				break
-			}
-			return err
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return err
-		}
-		if _, err := in.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := out.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := io.CopyN(out, in, hole-data); err != nil {
-			return err
-		}
-		off = hole
-	}
-	if err := out.Sync(); err != nil {
-		return err
-	}
-	ok = true
 	return nil
 }
 
