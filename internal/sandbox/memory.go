@@ -70,13 +70,7 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 		repause()
 		return fmt.Errorf("sync the sandbox's files before the checkpoint: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		repause()
-		return err
-	}
-	os.RemoveAll(dir)
-	if err := cp.Checkpoint(ctx, b, dir, false); err != nil {
-		os.RemoveAll(dir)
+	if err := saveCheckpoint(ctx, cp, b, dir); err != nil {
 		select {
 		case <-b.Done():
 			m.log.Warn("checkpoint failed and the box ended: starting it again", "id", rec.ID, "err", err)
@@ -118,35 +112,49 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 	return ferr
 }
 
+// saveCheckpoint writes box b's processes and memory into dir (replacing
+// what is there), which stops the box; on failure dir is removed.
+func saveCheckpoint(ctx context.Context, cp isolate.Checkpointer, b isolate.Box, dir string) error {
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return err
+	}
+	if err := cp.Checkpoint(ctx, b, dir, false); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	return nil
+}
+
 // restoreFrom boots rec's box from the checkpoint in dir (taken of it or
 // of the sandbox its files were copied from) and records it running with
 // Resumed "restored". It reports false, with an event saying why, when it
 // cannot; the caller then boots the sandbox afresh. Call with the
 // sandbox locked.
 func (m *Manager) restoreFrom(ctx context.Context, rec *record, dir string) bool {
-	cp, err := m.checkpointer(rec)
-	if err != nil {
+	fail := func(what string, err error) bool {
+		m.log.Warn(what+": starting afresh", "id", rec.ID, "err", err)
 		m.event(rec.ID, "sandbox.restore_failed", map[string]any{"error": err.Error()})
 		return false
+	}
+	cp, err := m.checkpointer(rec)
+	if err != nil {
+		return fail("no restore", err)
 	}
 	spec, err := m.spec(ctx, rec)
 	if err != nil {
-		m.event(rec.ID, "sandbox.restore_failed", map[string]any{"error": err.Error()})
-		return false
+		return fail("no restore", err)
 	}
-	rt, _ := m.tier(rec)
 	b, err := cp.Restore(ctx, spec, dir)
 	if err != nil {
-		m.log.Warn("restore from checkpoint failed: starting afresh", "id", rec.ID, "err", err)
-		m.event(rec.ID, "sandbox.restore_failed", map[string]any{"error": err.Error()})
-		return false
+		return fail("restore from checkpoint failed", err)
 	}
 	rec.Resumed = api.ResumedRestored
 	if err := m.booted(ctx, rec, spec, b, true); err != nil {
-		m.log.Warn("restored sandbox could not be recorded: starting afresh", "id", rec.ID, "err", err)
-		m.event(rec.ID, "sandbox.restore_failed", map[string]any{"error": err.Error()})
-		rt.Destroy(ctx, &isolate.Spec{ID: rec.ID, Net: spec.Net, NetSlot: spec.NetSlot})
-		return false
+		if rt, terr := m.tier(rec); terr == nil {
+			rt.Destroy(ctx, &isolate.Spec{ID: rec.ID, Net: spec.Net, NetSlot: spec.NetSlot})
+		}
+		return fail("restored sandbox could not be recorded", err)
 	}
 	return true
 }

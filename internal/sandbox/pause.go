@@ -106,13 +106,7 @@ func (m *Manager) checkpoint(ctx context.Context, rec *record) (bool, string) {
 			p.Resume(ctx)
 		}
 	}
-	dir := m.checkpointDir(rec.ID)
-	os.RemoveAll(dir)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return false, err.Error()
-	}
-	if err := cp.Checkpoint(ctx, b, dir, false); err != nil {
-		os.RemoveAll(dir)
+	if err := saveCheckpoint(ctx, cp, b, m.checkpointDir(rec.ID)); err != nil {
 		m.log.Warn("checkpoint failed: hibernating without memory", "id", rec.ID, "err", err)
 		return false, fmt.Sprintf("checkpoint failed (%v): processes end, resume restarts them", err)
 	}
