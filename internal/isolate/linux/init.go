@@ -123,16 +123,12 @@ func MaskPaths(root string) error {
 	return nil
 }
 
-func setupRoot(cfg initConfig) error {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w", err)
-	}
-	root := cfg.Rootfs
-	// The root was mounted by the daemon and is locked in this namespace;
-	// a bind made here is not, and pivot_root needs that.
-	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind root: %w", err)
-	}
+// MountSystem mounts a box's kernel file systems in root: /proc, a
+// read-only /sys, and a /dev tmpfs holding the usual devices (each made by
+// makeDev at dst), pts, shm, mqueue and the standard links plus links;
+// then it masks what a box must not reach (MaskPaths). The linux tier binds
+// the host's devices, a microVM's guest makes its own.
+func MountSystem(root string, makeDev func(dst, name string) error, links map[string]string) error {
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	mkdir := func(rel string, mode os.FileMode) error {
 		if err := os.MkdirAll(p(rel), mode); err != nil {
@@ -156,13 +152,8 @@ func setupRoot(cfg initConfig) error {
 		return fmt.Errorf("mount /dev: %w", err)
 	}
 	for _, d := range devices {
-		f, err := os.OpenFile(p("/dev/"+d), os.O_CREATE|os.O_WRONLY, 0o666)
-		if err != nil {
+		if err := makeDev(p("/dev/"+d), d); err != nil {
 			return fmt.Errorf("create /dev/%s: %w", d, err)
-		}
-		f.Close()
-		if err := unix.Mount("/dev/"+d, p("/dev/"+d), "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind /dev/%s: %w", d, err)
 		}
 	}
 	for _, d := range []string{"/dev/pts", "/dev/shm", "/dev/mqueue"} {
@@ -179,15 +170,42 @@ func setupRoot(cfg initConfig) error {
 	if err := unix.Mount("mqueue", p("/dev/mqueue"), "mqueue", nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /dev/mqueue: %w", err)
 	}
-	for link, target := range map[string]string{
+	all := map[string]string{
 		"/dev/ptmx": "pts/ptmx", "/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0",
-		"/dev/stdout": "/proc/self/fd/1", "/dev/stderr": "/proc/self/fd/2", "/dev/core": "/proc/kcore",
-	} {
+		"/dev/stdout": "/proc/self/fd/1", "/dev/stderr": "/proc/self/fd/2",
+	}
+	for link, target := range links {
+		all[link] = target
+	}
+	for link, target := range all {
 		if err := os.Symlink(target, p(link)); err != nil {
 			return fmt.Errorf("symlink %s: %w", link, err)
 		}
 	}
-	if err := MaskPaths(root); err != nil {
+	return MaskPaths(root)
+}
+
+func setupRoot(cfg initConfig) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	root := cfg.Rootfs
+	// The root was mounted by the daemon and is locked in this namespace;
+	// a bind made here is not, and pivot_root needs that.
+	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind root: %w", err)
+	}
+	if err := MountSystem(root, func(dst, name string) error {
+		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o666)
+		if err != nil {
+			return err
+		}
+		f.Close()
+		if err := unix.Mount("/dev/"+name, dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind: %w", err)
+		}
+		return nil
+	}, map[string]string{"/dev/core": "/proc/kcore"}); err != nil {
 		return err
 	}
 	// pivot_root(".", ".") stacks the old root on the new one; detaching it

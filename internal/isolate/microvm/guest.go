@@ -628,58 +628,19 @@ func agentMain() {
 // /sys, and a /dev with the usual nodes, /dev/pts, /dev/shm and
 // /dev/mqueue; /tmp is a directory of the root.
 func boxMounts(root string) error {
-	p := func(rel string) string { return filepath.Join(root, rel) }
-	for _, d := range []string{"/proc", "/sys", "/dev", "/tmp"} {
-		if err := os.MkdirAll(p(d), 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", d, err)
-		}
-	}
-	const nosuidnodev = unix.MS_NOSUID | unix.MS_NODEV
-	if err := unix.Mount("proc", p("/proc"), "proc", nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount /proc: %w", err)
-	}
-	if err := unix.Mount("sysfs", p("/sys"), "sysfs", nosuidnodev|unix.MS_NOEXEC|unix.MS_RDONLY, ""); err != nil {
-		return fmt.Errorf("mount /sys: %w", err)
-	}
-	if err := unix.Mount("tmpfs", p("/dev"), "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
-		return fmt.Errorf("mount /dev: %w", err)
-	}
-	for _, d := range []struct {
-		name         string
-		major, minor uint32
-	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		if err := unix.Mknod(p("/dev/"+d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
-			return fmt.Errorf("create /dev/%s: %w", d.name, err)
-		}
-		os.Chmod(p("/dev/"+d.name), 0o666)
-	}
-	for _, d := range []string{"/dev/pts", "/dev/shm", "/dev/mqueue"} {
-		if err := os.MkdirAll(p(d), 0o755); err != nil {
+	// The guest's kernel interfaces are hidden as on the linux tier
+	// (MountSystem masks them): a command must not crash or reboot the
+	// guest through sysrq, or read its kernel's memory.
+	return linux.MountSystem(root, func(dst, name string) error {
+		if err := unix.Mknod(dst, unix.S_IFCHR|0o666, int(unix.Mkdev(guestDevices[name][0], guestDevices[name][1]))); err != nil {
 			return err
 		}
-	}
-	if err := unix.Mount("devpts", p("/dev/pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
-		return fmt.Errorf("mount /dev/pts: %w", err)
-	}
-	if err := unix.Mount("shm", p("/dev/shm"), "tmpfs", nosuidnodev|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
-		return fmt.Errorf("mount /dev/shm: %w", err)
-	}
-	if err := unix.Mount("mqueue", p("/dev/mqueue"), "mqueue", nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount /dev/mqueue: %w", err)
-	}
-	for link, target := range map[string]string{
-		"/dev/ptmx": "pts/ptmx", "/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0",
-		"/dev/stdout": "/proc/self/fd/1", "/dev/stderr": "/proc/self/fd/2",
-	} {
-		if err := os.Symlink(target, p(link)); err != nil {
-			return fmt.Errorf("symlink %s: %w", link, err)
-		}
-	}
-	// The guest's kernel interfaces are hidden as on the linux tier: a
-	// command must not crash or reboot the guest through sysrq, or read
-	// its kernel's memory.
-	return linux.MaskPaths(root)
+		return os.Chmod(dst, 0o666)
+	}, nil)
 }
+
+// guestDevices are the device numbers of the nodes MountSystem asks for.
+var guestDevices = map[string][2]uint32{"null": {1, 3}, "zero": {1, 5}, "full": {1, 7}, "random": {1, 8}, "urandom": {1, 9}, "tty": {5, 0}}
 
 // guestPolicy is den's default confinement without CAP_MKNOD: the guest
 // kernel has no device cgroup, so a device node made inside would open the
