@@ -2,12 +2,16 @@
 // kernel-facing attacks of den's threat list (mounting, new namespaces,
 // keyrings, bpf, perf, raw and packet sockets, io_uring, vsock, ptrace,
 // writing through /proc, file handles, reading a host path). It prints one
-// line per attempt: "NAME blocked ERRNO" or "NAME ALLOWED". The end-to-end
-// tests build it statically and run it on every isolation tier. Never run
-// it on a host: there every attempt is meant to work.
+// line per attempt: "NAME failed ERRNO-NAME (message)" or "NAME ALLOWED".
+// The errno is printed by name (EPERM, EACCES, ENOENT...) so that the tests
+// can tell a refusal from a target that is simply absent: each attack in
+// the tests names the errno it expects on each tier. The end-to-end tests
+// build it statically and run it on every isolation tier. Never run it on
+// a host: there every attempt is meant to work.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"unsafe"
@@ -22,7 +26,7 @@ func main() {
 	}
 	try := func(name string, f func() error) {
 		if err := f(); err != nil {
-			fmt.Printf("%s blocked %v\n", name, err)
+			fmt.Printf("%s failed %s (%v)\n", name, errnoName(err), err)
 		} else {
 			fmt.Printf("%s ALLOWED\n", name)
 		}
@@ -109,12 +113,11 @@ func main() {
 	try("sysrq", func() error {
 		return os.WriteFile("/proc/sysrq-trigger", []byte("h"), 0)
 	})
-	try("kmsg", func() error {
-		f, err := os.Open("/dev/kmsg")
-		if err != nil {
-			return err
-		}
-		return f.Close()
+	try("syslog-read", func() error {
+		// What /dev/kmsg would give: the kernel's log (SYSLOG_ACTION_READ_ALL).
+		buf := make([]byte, 4096)
+		_, err := unix.Klogctl(3, buf)
+		return err
 	})
 	try("open-by-handle", func() error {
 		h := unix.NewFileHandle(1, []byte{2, 0, 0, 0, 0, 0, 0, 0})
@@ -152,7 +155,24 @@ func main() {
 			_, err := os.ReadFile(hostPath)
 			return err
 		})
+		try("read-host-file-via-proc-root", func() error {
+			_, err := os.ReadFile("/proc/1/root" + hostPath)
+			return err
+		})
 	}
+}
+
+// errnoName names the errno inside err ("EPERM"), or "NOERRNO" when err
+// carries none (a probe that fails that way proves nothing).
+func errnoName(err error) string {
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		return "NOERRNO"
+	}
+	if n := unix.ErrnoName(errno); n != "" {
+		return n
+	}
+	return fmt.Sprintf("errno%d", int(errno))
 }
 
 func sock(domain, typ, proto int) error {
