@@ -18,6 +18,7 @@ import (
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/gvisor"
 	"github.com/den-dev/den/internal/isolate/microvm"
+	"github.com/den-dev/den/internal/testenv"
 )
 
 // newTierEnv is a daemon offering the gvisor and microvm tiers where this
@@ -27,7 +28,7 @@ func newTierEnv(t *testing.T) *env {
 		e.tiers = map[string]isolate.Runtime{"linux": e.rt}
 		e.unavailable = map[string]string{}
 		run := fmt.Sprintf("/run/den-e2e/tiers-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_"))
-		if g, err := gvisor.New(gvisor.Config{RunDir: run + "/gvisor", CgroupParent: "den-e2e"}); err != nil {
+		if g, err := gvisor.New(gvisor.Config{RunDir: run + "/gvisor", CgroupParent: "den-e2e", Runsc: os.Getenv("DEN_RUNSC")}); err != nil {
 			e.unavailable["gvisor"] = err.Error()
 		} else {
 			e.tiers["gvisor"] = g
@@ -45,10 +46,14 @@ func newTierEnv(t *testing.T) *env {
 	})
 }
 
+// need skips t when the host lacks what tier needs (and the run does not
+// require it), and fails it when den could not start a tier the host can
+// run.
 func (e *env) need(t *testing.T, tier string) {
 	t.Helper()
+	testenv.Tier(t, tier)
 	if why, ok := e.unavailable[tier]; ok {
-		t.Skipf("the %s tier does not run on this machine: %s", tier, why)
+		testenv.Unavailable(t, tier, why)
 	}
 }
 

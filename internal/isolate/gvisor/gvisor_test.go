@@ -19,6 +19,7 @@ import (
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/isolatetest"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/testenv"
 	"github.com/vishvananda/netlink"
 )
 
@@ -42,14 +43,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// needRunsc skips unless the machine can run the gvisor tier.
+// needRunsc skips when the host has no runsc (testenv.Tier) and fails
+// when den cannot run the runsc it has.
 func needRunsc(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the gvisor tier needs root")
-	}
+	testenv.Tier(t, "gvisor")
 	if in := Detect(testRunsc); !in.Available {
-		t.Skip(in.Reason)
+		testenv.Unavailable(t, "gvisor", in.Reason)
 	}
 }
 
@@ -171,6 +171,9 @@ func leftovers(rt *Runtime, id string) []string {
 func TestDetect(t *testing.T) {
 	in := Detect(testRunsc)
 	t.Logf("%+v", in)
+	if testenv.Missing("gvisor") == "" && !in.Available {
+		testenv.Unavailable(t, "gvisor", in.Reason)
+	}
 	if in.Runsc != "" && (in.Version == "" || in.Version == "VERSION_MISSING") {
 		t.Fatalf("runsc found but no version: %+v", in)
 	}

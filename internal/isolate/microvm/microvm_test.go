@@ -21,6 +21,7 @@ import (
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/isolatetest"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -48,9 +49,7 @@ func testConfig() Config {
 // newRuntime skips unless the machine can run microVMs.
 func newRuntime(t testing.TB, mod func(*Config)) *Runtime {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the microvm tier needs root")
-	}
+	testenv.Tier(t, "microvm")
 	cfg := testConfig()
 	if os.Getenv("DEN_MICROVM_DEBUG") != "" {
 		cfg.extraAppend = "loglevel=7 den.debug"
@@ -60,7 +59,7 @@ func newRuntime(t testing.TB, mod func(*Config)) *Runtime {
 	}
 	info := Detect(context.Background(), cfg)
 	if !info.Available {
-		t.Skipf("microvm tier unavailable: %s", info.Reason)
+		testenv.Unavailable(t, "microvm", info.Reason)
 	}
 	rt, err := New(cfg)
 	if err != nil {
@@ -567,7 +566,7 @@ func TestMACFilter(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	nsPath := filepath.Join(dir, "netns")
 	if err := linux.CreateNetNS(nsPath); err != nil {
-		t.Skipf("cannot make a network namespace: %v", err)
+		t.Fatalf("make a network namespace: %v", err)
 	}
 	defer linux.RemoveNetNS(nsPath)
 	ns, err := netns.GetFromPath(nsPath)
