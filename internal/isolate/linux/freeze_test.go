@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -112,26 +111,18 @@ func TestPauseResume(t *testing.T) {
 		t.Error("the busy loop does not run on after Resume")
 	}
 
-	// Pause and Resume times, with the busy loop running.
-	var pauses, resumes []time.Duration
-	for i := 0; i < 50; i++ {
-		start := time.Now()
+	// Pause and Resume in a row, with the busy loop running, keep working
+	// (how long they take is BenchmarkPauseResume's to say).
+	for i := 0; i < 20; i++ {
 		if err := p.Pause(ctx); err != nil {
-			t.Fatal(err)
+			t.Fatalf("pause %d: %v", i, err)
 		}
-		pauses = append(pauses, time.Since(start))
-		start = time.Now()
 		if err := p.Resume(ctx); err != nil {
-			t.Fatal(err)
+			t.Fatalf("resume %d: %v", i, err)
 		}
-		resumes = append(resumes, time.Since(start))
 	}
-	slices.Sort(pauses)
-	slices.Sort(resumes)
-	t.Logf("50 rounds: Pause min %v median %v max %v; Resume min %v median %v max %v",
-		pauses[0], pauses[25], pauses[49], resumes[0], resumes[25], resumes[49])
-	if pauses[25] > 20*time.Millisecond || resumes[25] > 20*time.Millisecond {
-		t.Errorf("median Pause %v, Resume %v: want 20 ms at most", pauses[25], resumes[25])
+	if !running() {
+		t.Error("the busy loop does not run on after 20 rounds of Pause and Resume")
 	}
 
 	// Stop works on a paused box.
