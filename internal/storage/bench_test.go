@@ -83,4 +83,3 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	}
 }
-
