@@ -21,7 +21,14 @@ export DEN_REQUIRE_TIERS=${DEN_REQUIRE_TIERS-linux,gvisor,microvm}
 go build -o bin/den ./cmd/den
 go vet ./...
 test -z "$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+# What the host holds before the tests: afterwards, anything new (a mount,
+# netns, cgroup, loop device, link, nftables table, tmux socket, process)
+# is something a test left behind, and fails the run.
+before=$(mktemp)
+trap 'rm -f "$before"' EXIT
+scripts/leftovers.sh snap "$before"
 go test -count=1 -timeout 15m ./...
 # The gvisor tier with Debian's 2022 runsc too (the tests above use the
 # current one scripts/deps.sh puts in /usr/local/bin).
 DEN_RUNSC=/usr/bin/runsc go test -count=1 -timeout 5m ./internal/isolate/gvisor/
+scripts/leftovers.sh check "$before"

@@ -63,15 +63,18 @@ func TestPTYShell(t *testing.T) {
 	status := filepath.Join(e.dir, "pty-status")
 	os.Remove(status)
 	ssh := "ssh " + strings.Join(e.sshArgs(e.key, "-p"), " ") + " sshbox@127.0.0.1"
+	// A socket of the test's own (-S), removed with its directory: -L
+	// would leave one in /tmp/tmux-UID after kill-server.
+	sock := filepath.Join(t.TempDir(), "tmux")
 	tmux := func(args ...string) string {
-		out, err := exec.Command("tmux", append([]string{"-L", sess}, args...)...).CombinedOutput()
+		out, err := exec.Command("tmux", append([]string{"-S", sock}, args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("tmux %v: %v: %s", args, err, out)
 		}
 		return string(out)
 	}
 	tmux("new-session", "-d", "-s", sess, "-x", "100", "-y", "30", "sh", "-c", ssh+"; echo $? > "+status+"; sleep 30")
-	defer exec.Command("tmux", "-L", sess, "kill-server").Run()
+	defer exec.Command("tmux", "-S", sock, "kill-server").Run()
 	screen := func(want string) string {
 		deadline := time.Now().Add(20 * time.Second)
 		for {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -64,10 +65,17 @@ func testSpec(t testing.TB, rt *Runtime, id string) *isolate.Spec {
 
 func newRuntime(t testing.TB) *Runtime {
 	needRoot(t)
-	rt, err := New(Config{RunDir: filepath.Join("/run/den-test", strings.ReplaceAll(t.Name(), "/", "_")), CgroupName: "den-test"})
+	dir := filepath.Join("/run/den-test", strings.ReplaceAll(t.Name(), "/", "_"))
+	rt, err := New(Config{RunDir: dir, CgroupName: "den-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// New made dir a private mount; it goes once the test's boxes have
+	// (cleanups run last-in, first-out).
+	t.Cleanup(func() {
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+		os.RemoveAll(dir)
+	})
 	return rt
 }
 
