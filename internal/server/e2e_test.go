@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -522,27 +523,79 @@ func TestSymlinkSwapRace(t *testing.T) {
 	ctx := context.Background()
 	sb := e.create(t, api.CreateRequest{})
 	secret := filepath.Join(t.TempDir(), "race-secret")
-	os.WriteFile(secret, []byte("HOSTSECRET"), 0o644)
+	if err := os.WriteFile(secret, []byte("HOSTSECRET"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	e.sh(t, sb.ID, "mkdir -p /race/d && for i in $(seq 1 50); do echo data > /race/d/f$i; done")
-	go e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: fmt.Sprintf(`end=$(($(date +%%s)+3)); while [ $(date +%%s) -lt $end ]; do for i in 1 2 3 4 5; do rm -f /race/d/f$i; ln -s %s /race/d/f$i; rm -f /race/d/f$i; echo data > /race/d/f$i; done; done`, secret)})
+	// The racer swaps f1..f5 between a file and a symlink to the host's
+	// secret path, and says how many swaps it made.
+	swaps := make(chan string, 1)
+	go func() {
+		r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: fmt.Sprintf(`n=0; end=$(($(date +%%s)+3)); while [ $(date +%%s) -lt $end ]; do for i in 1 2 3 4 5; do rm -f /race/d/f$i; ln -s %s /race/d/f$i; rm -f /race/d/f$i; echo data > /race/d/f$i; n=$((n+1)); done; done; echo $n`, secret)})
+		if err != nil {
+			swaps <- err.Error()
+			return
+		}
+		swaps <- strings.TrimSpace(string(r.Stdout))
+	}()
+	var downloads, reads int
 	deadline := time.Now().Add(2500 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		rc, err := e.c.Download(ctx, sb.ID, "/race")
-		if err != nil {
-			continue
+		if rc, err := e.c.Download(ctx, sb.ID, "/race"); err == nil {
+			files, err := readTar(rc)
+			rc.Close()
+			if err != nil {
+				t.Fatalf("download during the race: %v", err)
+			}
+			for name, body := range files {
+				if strings.Contains(body, "HOSTSECRET") {
+					t.Fatalf("a copy followed a swapped-in symlink to a host file (%s)", name)
+				}
+			}
+			// The files nobody swaps come whole.
+			if files["race/d/f50"] != "data\n" {
+				t.Fatalf("download during the race: f50 = %q (entries %d)", files["race/d/f50"], len(files))
+			}
+			downloads++
 		}
-		b, _ := io.ReadAll(rc)
-		rc.Close()
-		if bytes.Contains(b, []byte("HOSTSECRET")) {
-			t.Fatal("a copy followed a swapped-in symlink to a host file")
-		}
-		rc, err = e.c.ReadFile(ctx, sb.ID, "/race/d/f1")
-		if err == nil {
+		if rc, err := e.c.ReadFile(ctx, sb.ID, "/race/d/f1"); err == nil {
 			b, _ := io.ReadAll(rc)
 			rc.Close()
 			if bytes.Contains(b, []byte("HOSTSECRET")) {
 				t.Fatal("a read followed a swapped-in symlink to a host file")
 			}
+			reads++
+		}
+	}
+	n, err := strconv.Atoi(<-swaps)
+	if err != nil || n == 0 {
+		t.Fatalf("the racer made no swaps: %v", err)
+	}
+	// A race test proves something only if the operations ran during it.
+	if downloads < 3 || reads < 1 {
+		t.Fatalf("only %d downloads and %d reads succeeded during %d swaps", downloads, reads, n)
+	}
+	t.Logf("%d downloads and %d reads during %d swaps, none followed a symlink", downloads, reads, n)
+}
+
+// readTar reads a tar stream into name → content (regular files only).
+func readTar(r io.Reader) (map[string]string, error) {
+	files := map[string]string{}
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return files, nil
+		}
+		if err != nil {
+			return files, err
+		}
+		if h.Typeflag == tar.TypeReg {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				return files, err
+			}
+			files[strings.TrimPrefix(h.Name, "./")] = string(b)
 		}
 	}
 }
