@@ -38,13 +38,8 @@ func TestSysfsHidesHostPaths(t *testing.T) {
 	}
 
 	spec := testSpec(t, rt, "sysfs")
-	ctx := context.Background()
-	b, err := rt.Start(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Destroy(ctx, spec)
-	defer b.Stop(ctx)
+	t.Cleanup(func() { rt.Destroy(context.Background(), spec) })
+	b := startBox(t, rt, spec)
 	script := `for d in /sys/block /sys/class/block /sys/devices/virtual/block; do cat $d/` + name + `/loop/backing_file; done; ` +
 		`cat /sys/dev/block/` + strings.TrimSpace(string(num)) + `/loop/backing_file; ` +
 		`find /sys -name backing_file -o -name backing_dev -o -name backend 2>/dev/null | xargs -r cat; ` +
