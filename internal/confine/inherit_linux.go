@@ -30,23 +30,53 @@ func InheritNothing() error {
 		return fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
 	}
 	// Before Linux 5.11: one descriptor at a time.
-	d, err := os.Open("/proc/self/fd")
+	return cloexecEach()
+}
+
+// cloexecEach marks the descriptors /proc lists close-on-exec, or (a
+// microVM's init runs before it mounts /proc) every one up to the
+// open-files limit.
+func cloexecEach() error {
+	fds, err := openDescriptors()
 	if err != nil {
-		return fmt.Errorf("list inherited descriptors: %w", err)
+		return err
 	}
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return fmt.Errorf("list inherited descriptors: %w", err)
-	}
-	for _, n := range names {
-		fd, err := strconv.Atoi(n)
-		if err != nil || fd < 3 {
-			continue
-		}
+	for _, fd := range fds {
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && !errors.Is(err, unix.EBADF) {
 			return fmt.Errorf("mark descriptor %d close-on-exec: %w", fd, err)
 		}
 	}
 	return nil
+}
+
+// openDescriptors lists the process's descriptors above 2.
+func openDescriptors() ([]int, error) {
+	var fds []int
+	if names, err := readDirNames("/proc/self/fd"); err == nil {
+		for _, n := range names {
+			if fd, err := strconv.Atoi(n); err == nil && fd > 2 {
+				fds = append(fds, fd)
+			}
+		}
+		return fds, nil
+	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return nil, fmt.Errorf("list inherited descriptors: %w", err)
+	}
+	for fd := 3; uint64(fd) < lim.Cur; fd++ {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil {
+			fds = append(fds, fd)
+		}
+	}
+	return fds, nil
+}
+
+func readDirNames(dir string) ([]string, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Readdirnames(-1)
 }
