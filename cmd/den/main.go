@@ -14,9 +14,18 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/confine"
 )
 
 func main() {
+	// Before anything else (the daemon, a sandbox's init and every CLI
+	// verb alike): descriptors this process inherited without
+	// close-on-exec reach no program it starts, so none of them can cross
+	// into a sandbox.
+	if err := confine.InheritNothing(); err != nil {
+		fmt.Fprintf(os.Stderr, "den: %v\n", err)
+		os.Exit(1)
+	}
 	if runHidden(os.Args[1:]) {
 		return
 	}

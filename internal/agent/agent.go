@@ -21,6 +21,7 @@ import (
 	"syscall"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/confine"
 )
 
 // Options configure an agent.
@@ -51,6 +52,14 @@ func New(opts Options) (*Agent, error) {
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	// Commands get only the descriptors spawn hands them (0, 1 and 2),
+	// whatever the agent inherited, on every tier.
+	if err := confine.InheritNothing(); err != nil {
+		return nil, err
+	}
+	if err := limitFiles(); err != nil {
+		return nil, err
 	}
 	startReaper()
 	l, err := startLauncher(opts.Confine)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
 )
 
@@ -146,7 +147,8 @@ func writeBundle(dir string, b bundle) error {
 			Env:          []string{"GOMAXPROCS=1", "GOGC=50", "GODEBUG=madvdontneed=1"},
 			Cwd:          "/",
 			Capabilities: ociCaps{Bounding: all, Effective: all, Inheritable: nil, Permitted: all},
-			Rlimits:      []ociLimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
+			// The agent sets the same limit; this one holds from the start.
+			Rlimits: []ociLimit{{Type: "RLIMIT_NOFILE", Hard: agent.FileLimit, Soft: agent.FileLimit}},
 		},
 		Root:     ociRoot{Path: b.rootfs},
 		Hostname: b.spec.Hostname,

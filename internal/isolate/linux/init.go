@@ -75,12 +75,17 @@ func confineLauncher() error {
 	return confine.Apply(confine.Default())
 }
 
-// Paths masked and made read-only as in Docker's default configuration.
+// Paths masked and made read-only as in Docker's default configuration,
+// and sysfs's virtual block devices, which are the host's (sysfs shows
+// every block device, whatever namespace mounts it) and tell host paths:
+// a loop device's backing_file, a zram device's backing_dev, an nbd
+// device's backend; /sys/block, /sys/class/block and /sys/dev/block only
+// link there.
 var (
 	maskedPaths = []string{
 		"/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-		"/sys/firmware", "/sys/devices/virtual/powercap",
+		"/sys/firmware", "/sys/devices/virtual/powercap", "/sys/devices/virtual/block",
 	}
 	readonlyPaths = []string{
 		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",

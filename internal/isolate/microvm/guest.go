@@ -566,7 +566,8 @@ func configureEth(eth netlink.Link, n *guestNet) error {
 	return nil
 }
 
-// openPort opens the virtio-serial port named name.
+// openPort opens the virtio-serial port named name and removes its device
+// node.
 func openPort(name string) (*os.File, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -574,9 +575,16 @@ func openPort(name string) (*os.File, error) {
 		for _, e := range ents {
 			b, err := os.ReadFile(filepath.Join("/sys/class/virtio-ports", e.Name(), "name"))
 			if err == nil && strings.TrimSpace(string(b)) == name {
-				f, err := os.OpenFile("/dev/"+e.Name(), os.O_RDWR, 0)
+				node := "/dev/" + e.Name()
+				f, err := os.OpenFile(node, os.O_RDWR, 0)
 				if err != nil {
-					return nil, fmt.Errorf("open agent port: %w", err)
+					return nil, fmt.Errorf("open port %s: %w", name, err)
+				}
+				// Opened once, by the init, for the life of the VM: no
+				// one else gets to open it.
+				if err := os.Remove(node); err != nil {
+					f.Close()
+					return nil, fmt.Errorf("remove the device node of port %s: %w", name, err)
 				}
 				return f, nil
 			}

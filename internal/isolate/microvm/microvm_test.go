@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -652,5 +653,54 @@ func TestMACFilter(t *testing.T) {
 	}()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The agent's virtio-serial port (and the init's control port) stay out
+// of commands' reach: no command holds the agent's descriptor of it (it
+// was fd 3 of every command), the box's /dev has no node for either, and
+// neither root nor an unprivileged user reaches one through any
+// descriptor /proc shows them.
+func TestPortsOutOfReach(t *testing.T) {
+	rt := newRuntime(t, nil)
+	ctx := context.Background()
+	spec := testSpec(t, "ports")
+	defer rt.Destroy(ctx, spec)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ports exist (what is refused below is not refused for want of them).
+	if out := mustSh(t, b, "cat /sys/class/virtio-ports/*/name"); !strings.Contains(out, agentPort+"\n") || !strings.Contains(out, ctlPort+"\n") {
+		t.Fatalf("virtio-serial ports in the guest: %q", out)
+	}
+	// The shell's own descriptors are listed by another, exec'd process;
+	// then every descriptor the user can resolve in /proc, and the device
+	// nodes the port names would have.
+	const probe = `/bin/busybox ls /proc/$$/fd; echo --; ` +
+		`for f in /proc/[0-9]*/fd/*; do l=$(readlink $f) && echo "$f -> $l"; done; ` +
+		`for p in /sys/class/virtio-ports/*; do n=/dev/${p##*/}; [ -e $n ] && echo "node $n"; done; echo end`
+	for _, user := range []string{"root", "65534"} {
+		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		res, err := isolatetest.Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", probe}, User: user})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fds, rest, ok := strings.Cut(res.Stdout, "--\n")
+		if res.Exit.ExitCode != 0 || !ok || !strings.HasSuffix(rest, "end\n") {
+			t.Fatalf("probe as %s: %+v", user, res)
+		}
+		if got := strings.Fields(fds); !slices.Equal(got, []string{"0", "1", "2"}) {
+			t.Errorf("as %s a command holds descriptors %v, want 0 1 2:\n%s", user, got, res.Stdout)
+		}
+		if !strings.Contains(rest, "/fd/0 -> /dev/null\n") {
+			t.Fatalf("as %s /proc shows no descriptor at all, so the check below shows nothing:\n%s", user, rest)
+		}
+		for _, l := range strings.Split(rest, "\n") {
+			if strings.Contains(l, "vport") || strings.HasPrefix(l, "node ") {
+				t.Errorf("as %s a command reaches a virtio-serial port: %s", user, l)
+			}
+		}
 	}
 }
