@@ -19,6 +19,7 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/testenv"
 )
 
 // TestServeLeaksNoDescriptors runs the real den binary as a daemon started
@@ -155,11 +156,11 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 	// streams); and its open-files limits.
 	const probe = `/bin/busybox ls /proc/$$/fd; echo --; /bin/busybox ls -l /proc/$$/fd; echo "limits $(ulimit -Sn) $(ulimit -Hn)"`
 	for _, rt := range info.Runtimes {
-		if !rt.Available {
-			t.Logf("the %s tier does not run here: %s", rt.Name, rt.Reason)
-			continue
-		}
 		t.Run(rt.Name, func(t *testing.T) {
+			testenv.Tier(t, rt.Name)
+			if !rt.Available {
+				testenv.Unavailable(t, rt.Name, rt.Reason)
+			}
 			sb, err := c.Create(ctx, api.CreateRequest{Image: "busybox", Runtime: rt.Name})
 			if err != nil {
 				t.Fatalf("create: %v", err)
