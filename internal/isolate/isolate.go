@@ -155,3 +155,11 @@ type Networker interface {
 type Dialer interface {
 	DialInside(ctx context.Context, port int) (net.Conn, error)
 }
+
+// Cleaner is the optional ability of a runtime to remove what a box left
+// outside its storage (processes, cgroups, network, mounts and run
+// directory) when its daemon died in the middle of an operation; it
+// returns the mount points it detached.
+type Cleaner interface {
+	Clean(ctx context.Context, spec *Spec) (unmounted []string, err error)
+}

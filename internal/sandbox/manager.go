@@ -607,7 +607,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 			if err := m.copyTree(m.snapshotDir(snap.ID), dir, false); err != nil {
 				return fmt.Errorf("copy snapshot: %w", err)
 			}
-			os.RemoveAll(filepath.Join(dir, "work"))
+			storage.RemoveTree(filepath.Join(dir, "work"))
 		} else if err := m.newTree(dir); err != nil {
 			return fmt.Errorf("sandbox storage: %w", err)
 		}
@@ -807,7 +807,7 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 	if rec.Checkpoint && state != api.StateHibernated {
 		// A hibernated sandbox stopped for good: its memory is dropped.
 		rec.Checkpoint = false
-		os.RemoveAll(m.checkpointDir(rec.ID))
+		storage.RemoveTree(m.checkpointDir(rec.ID))
 	}
 	rec.State, rec.Pid = state, 0
 	if err := m.put(ctx, rec); err != nil {
@@ -1119,7 +1119,7 @@ func (m *Manager) teardown(rec *record, b isolate.Box) {
 	if err := m.destroy(ctx, rec, spec); err != nil {
 		m.log.Warn("remove sandbox", "id", rec.ID, "err", err)
 	}
-	os.RemoveAll(m.checkpointDir(rec.ID))
+	storage.RemoveTree(m.checkpointDir(rec.ID))
 	if err := m.deleteTree(dir); err != nil {
 		m.log.Warn("remove sandbox storage", "id", rec.ID, "err", err)
 	}

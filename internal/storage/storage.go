@@ -348,7 +348,7 @@ func (s *Store) remove(p string) error {
 		return err
 	}
 	if s.kind != "btrfs" || !fi.IsDir() {
-		return os.RemoveAll(p)
+		return RemoveTree(p)
 	}
 	if sub, err := isSubvolume(p); err != nil {
 		return err
