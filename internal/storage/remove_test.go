@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -125,5 +126,50 @@ func TestRemoveTree(t *testing.T) {
 	}
 	if _, err := os.Lstat(f); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("file left: %v", err)
+	}
+}
+
+// mountOpts is the per-mount options of the mount at dir, from
+// /proc/self/mountinfo.
+func mountOpts(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && unescapeMount(f[4]) == dir {
+			opts = strings.Split(f[5], ",") // the last mount on dir wins
+		}
+	}
+	if opts == nil {
+		t.Fatalf("%s is not a mount point", dir)
+	}
+	return opts
+}
+
+func TestStorageMountNosuidNodev(t *testing.T) {
+	s := newBtrfs(t, 256<<20)
+	if o := mountOpts(t, s.Root()); !slices.Contains(o, "nosuid") || !slices.Contains(o, "nodev") {
+		t.Fatalf("DATA/fs mounted with %v, want nosuid and nodev", o)
+	}
+	// A storage an older den mounted without them gets them at the next
+	// start. (Control: the options really were gone.)
+	attr := unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(unix.AT_FDCWD, s.Root(), 0, &attr); err != nil {
+		t.Fatal(err)
+	}
+	if o := mountOpts(t, s.Root()); slices.Contains(o, "nosuid") || slices.Contains(o, "nodev") {
+		t.Fatalf("control: options %v after clearing nosuid,nodev", o)
+	}
+	s2, err := Open(Config{Dir: filepath.Dir(s.Root()), Mode: "btrfs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.Close()
+	if o := mountOpts(t, s.Root()); !slices.Contains(o, "nosuid") || !slices.Contains(o, "nodev") {
+		t.Fatalf("re-opened DATA/fs has %v, want nosuid and nodev", o)
 	}
 }
