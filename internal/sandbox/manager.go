@@ -216,27 +216,6 @@ func (m *Manager) tierByName(name string) (isolate.Runtime, error) {
 // tier is the runtime of a sandbox.
 func (m *Manager) tier(rec *record) (isolate.Runtime, error) { return m.tierByName(rec.Runtime) }
 
-// destroyAll asks every tier to remove what it keeps of a box whose tier
-// is unknown (storage whose record is gone).
-func (m *Manager) destroyAll(ctx context.Context, spec *isolate.Spec) {
-	m.rt.Destroy(ctx, spec)
-	for name, rt := range m.cfg.Tiers {
-		if name != m.rt.Name() {
-			rt.Destroy(ctx, spec)
-		}
-	}
-}
-
-// destroy removes what rec's tier keeps of its box.
-func (m *Manager) destroy(ctx context.Context, rec *record, spec *isolate.Spec) error {
-	rt, err := m.tier(rec)
-	if err != nil {
-		m.destroyAll(ctx, spec)
-		return nil
-	}
-	return rt.Destroy(ctx, spec)
-}
-
 func (m *Manager) lock(id string) func() {
 	m.mu.Lock()
 	l, ok := m.locks[id]
@@ -289,7 +268,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		rt, _ := m.tier(rec)
-		if l, ok := rt.(loader); ok && rec.Pid > 0 {
+		if l, ok := rt.(loader); ok && rec.Pid > 0 && rec.State != api.StateCreating {
 			spec, err := m.spec(ctx, rec)
 			if err == nil {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
@@ -301,22 +280,107 @@ func (m *Manager) recover(ctx context.Context) error {
 				}
 			}
 		}
-		rec.State, rec.Pid = api.StateStopped, 0
-		if err := m.put(ctx, rec); err != nil {
+		if err := m.interrupted(ctx, rec); err != nil {
 			return err
 		}
 	}
 	m.recoverSnapshots(ctx)
-	// Storage whose record is gone: a removal the previous daemon did not finish.
+	// Storage whose record is gone: a removal the previous daemon did not
+	// finish, or a create or fork it died in before recording the sandbox.
 	ents, _ := os.ReadDir(m.sandboxesDir())
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.destroyAll(ctx, &isolate.Spec{ID: e.Name()})
-			m.deleteTree(filepath.Join(m.sandboxesDir(), e.Name()))
+			unmounted := m.cleanAll(ctx, &isolate.Spec{ID: e.Name()})
+			err := m.deleteTree(filepath.Join(m.sandboxesDir(), e.Name()))
+			m.log.Warn("removed the files of a sandbox without a record (an operation cut short)", "id", e.Name(), "unmounted", unmounted, "err", err)
+			m.event(e.Name(), "sandbox.interrupted", interruption{Operation: "create", Cleaned: cleaned(unmounted, "files"), Error: errString(err)})
 		}
 	}
 	m.wg.Wait()
 	return nil
+}
+
+// interruption is the data of a sandbox.interrupted event: what a daemon
+// that died in the middle of an operation on the sandbox left, and what
+// the next daemon did about it.
+type interruption struct {
+	Operation string   `json:"operation"`         // create, fork, restore, start...
+	ForkOf    string   `json:"fork_of,omitempty"` // the source of an interrupted fork
+	State     string   `json:"state,omitempty"`   // the sandbox's state now
+	Cleaned   []string `json:"cleaned,omitempty"` // what was removed: mount points detached, "files", "processes"
+	Error     string   `json:"error,omitempty"`   // what could not be cleaned
+}
+
+// interrupted settles a sandbox whose box did not outlive the previous
+// daemon (or was being created when it died): whatever its runtime left
+// (processes, mounts, run directory) is removed and it is recorded
+// stopped. A create or fork that was in flight gets a sandbox.interrupted
+// event saying so and what was cleaned.
+func (m *Manager) interrupted(ctx context.Context, rec *record) error {
+	was := rec.State
+	unmounted, cerr := m.cleanBox(ctx, rec)
+	rec.State, rec.Pid = api.StateStopped, 0
+	if was == api.StateCreating {
+		op := "create"
+		if rec.ForkOf != "" {
+			op = "fork"
+		}
+		rec.Error = fmt.Sprintf("the daemon stopped during this sandbox's %s: it was never started; its files are kept (den start boots it, den rm removes it)", op)
+		m.log.Warn("sandbox operation interrupted by the daemon's end", "id", rec.ID, "operation", op, "unmounted", unmounted, "err", cerr)
+		m.event(rec.ID, "sandbox.interrupted", interruption{Operation: op, ForkOf: rec.ForkOf, State: rec.State, Cleaned: cleaned(unmounted, "processes"), Error: errString(cerr)})
+	} else if len(unmounted) > 0 || cerr != nil {
+		m.log.Warn("cleaned up after a sandbox whose box is gone", "id", rec.ID, "unmounted", unmounted, "err", cerr)
+	}
+	return m.put(ctx, rec)
+}
+
+// cleanBox removes what rec's tier keeps of its box outside its storage
+// (in every tier if its tier is unknown) and returns the mount points it
+// detached. The storage stays: the storage backend removes it (a
+// subvolume, maybe).
+func (m *Manager) cleanBox(ctx context.Context, rec *record) ([]string, error) {
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536}
+	}
+	spec.Dir = ""
+	rt, err := m.tier(rec)
+	if err != nil {
+		return m.cleanAll(ctx, spec), nil
+	}
+	return clean(ctx, rt, spec)
+}
+
+// clean removes what rt keeps of a box outside its storage (spec.Dir must
+// be empty) and returns the mount points it detached.
+func clean(ctx context.Context, rt isolate.Runtime, spec *isolate.Spec) ([]string, error) {
+	if c, ok := rt.(isolate.Cleaner); ok {
+		return c.Clean(ctx, spec)
+	}
+	return nil, rt.Destroy(ctx, spec)
+}
+
+// cleanAll cleans up after a box whose tier is unknown, in every tier.
+func (m *Manager) cleanAll(ctx context.Context, spec *isolate.Spec) []string {
+	unmounted, _ := clean(ctx, m.rt, spec)
+	for name, rt := range m.cfg.Tiers {
+		if name != m.rt.Name() {
+			u, _ := clean(ctx, rt, spec)
+			unmounted = append(unmounted, u...)
+		}
+	}
+	return unmounted
+}
+
+func cleaned(unmounted []string, what string) []string {
+	return append(append([]string{}, unmounted...), what)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // loader is the optional ability of a runtime to reattach to a box that
@@ -1110,13 +1174,8 @@ func (m *Manager) teardown(rec *record, b isolate.Box) {
 	if b != nil {
 		b.Stop(ctx)
 	}
-	spec, err := m.spec(ctx, rec)
-	if err != nil {
-		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536}
-	}
 	dir := filepath.Join(m.sandboxesDir(), rec.ID)
-	spec.Dir = "" // the storage backend removes it (a subvolume, maybe)
-	if err := m.destroy(ctx, rec, spec); err != nil {
+	if _, err := m.cleanBox(ctx, rec); err != nil {
 		m.log.Warn("remove sandbox", "id", rec.ID, "err", err)
 	}
 	storage.RemoveTree(m.checkpointDir(rec.ID))
