@@ -380,6 +380,35 @@ func TestCpOutOfRealSandbox(t *testing.T) {
 	}
 }
 
+// holdFork has the daemon hold a fork of src at point (isolate.TestStall)
+// and returns the id the hook reported once it holds.
+func holdFork(t *testing.T, d *daemon, stall, point, src string) string {
+	t.Helper()
+	if err := os.WriteFile(stall, []byte(point), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	forkDone := make(chan error, 1)
+	go func() {
+		_, err := d.c.Fork(context.Background(), src, api.ForkRequest{})
+		forkDone <- err
+	}()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if ms, _ := filepath.Glob(stall + ".*"); len(ms) > 0 {
+			return strings.TrimPrefix(filepath.Ext(ms[0]), ".")
+		}
+		select {
+		case err := <-forkDone:
+			t.Fatalf("fork ended before the hook held it: %v\n%s", err, d.logText())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the fork never reached the hook\n%s", d.logText())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestKillDuringFork kills -9 a real den serve while a fork's root is
 // mounted in the daemon's mount namespace (a test hook holds the fork
 // there), starts the daemon again, and checks that nothing of the dead
@@ -397,39 +426,13 @@ func TestKillDuringFork(t *testing.T) {
 	d.sh(src.ID, "echo before > /root/mark")
 
 	// Hold the next box start with its root mounted, fork, wait for it.
-	if err := os.WriteFile(stall, []byte("mounted"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	forkDone := make(chan error, 1)
-	go func() {
-		_, err := d.c.Fork(ctx, src.ID, api.ForkRequest{})
-		forkDone <- err
-	}()
-	var forkID string
-	deadline := time.Now().Add(2 * time.Minute)
-	for forkID == "" {
-		ms, _ := filepath.Glob(stall + ".*")
-		if len(ms) > 0 {
-			forkID = strings.TrimPrefix(filepath.Ext(ms[0]), ".")
-			break
-		}
-		select {
-		case err := <-forkDone:
-			t.Fatalf("fork ended before the hook held it: %v\n%s", err, d.logText())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the fork never reached the hook\n%s", d.logText())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	forkID := holdFork(t, d, stall, "mounted", src.ID)
 	forkRun := filepath.Join(d.run, "linux", forkID)
 	before := mountsUnder(forkRun)
 	if len(before) == 0 {
 		t.Fatalf("control: no mount under %s while the fork is held", forkRun)
 	}
 	d.kill9()
-	<-forkDone
 	// Control: the dead daemon's mounts outlive it.
 	if ms := mountsUnder(forkRun); len(ms) == 0 {
 		t.Fatalf("control: the mounts under %s went with the daemon", forkRun)
@@ -490,5 +493,72 @@ func TestKillDuringFork(t *testing.T) {
 	}
 	if !strings.Contains(d.logText(), "shutting down") {
 		t.Errorf("no shutdown in the log:\n%s", d.logText())
+	}
+}
+
+// TestKillDuringForkCapture kills -9 a real den serve while a fork holds
+// its source frozen with the forks' files copied but not recorded: the
+// next daemon thaws the source (whose every request would hang on its
+// frozen agent otherwise), says so in an event, and removes the
+// unrecorded copies.
+func TestKillDuringForkCapture(t *testing.T) {
+	stall := filepath.Join(t.TempDir(), "stall")
+	d := newDaemon(t, "DEN_TEST_STALL="+stall)
+	ctx := context.Background()
+	src, err := d.c.Create(ctx, api.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.sh(src.ID, "echo before > /root/mark")
+	if held := holdFork(t, d, stall, "frozen", src.ID); held != src.ID {
+		t.Fatalf("the hook held %s, want the source %s", held, src.ID)
+	}
+	sandboxes := filepath.Join(d.data, "sandboxes")
+	if d.storage == "btrfs" {
+		sandboxes = filepath.Join(d.data, "fs", "sandboxes")
+	}
+	ents, _ := os.ReadDir(sandboxes)
+	if len(ents) != 2 {
+		t.Fatalf("control: %d trees in %s while the fork is held, want the source's and the fork's", len(ents), sandboxes)
+	}
+	d.kill9()
+	os.Remove(stall)
+	d.start()
+
+	// The source answers: a frozen agent would never (a minute is ample
+	// for an echo; past it the sandbox is hung).
+	ectx, cancel := context.WithTimeout(ctx, time.Minute)
+	res, err := d.c.Exec(ectx, src.ID, api.ExecRequest{Shell: "cat /root/mark"})
+	cancel()
+	if err != nil || string(res.Stdout) != "before\n" {
+		t.Fatalf("exec in the source after the restart: %v %+v", err, res)
+	}
+	evs, err := d.c.Events(ctx, client.EventFilter{Sandbox: src.ID, Type: "sandbox.interrupted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || !strings.Contains(string(evs[0].Data), "thawed") {
+		t.Errorf("sandbox.interrupted events of the source: %v, want one saying it was thawed", evs)
+	}
+	// The fork's copy, never recorded, is gone, with an event.
+	ents, _ = os.ReadDir(sandboxes)
+	if len(ents) != 1 || ents[0].Name() != src.ID {
+		t.Errorf("trees after the restart: %v, want only the source's", ents)
+	}
+	all, err := d.c.Events(ctx, client.EventFilter{Type: "sandbox.interrupted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unrecorded := 0
+	for _, e := range all {
+		if strings.Contains(string(e.Data), `"unrecorded"`) {
+			unrecorded++
+		}
+	}
+	if unrecorded != 1 {
+		t.Errorf("events for the unrecorded fork copy: %d, want 1 (%v)", unrecorded, all)
+	}
+	if err := d.term(); err != nil {
+		t.Fatal(err)
 	}
 }

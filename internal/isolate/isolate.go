@@ -9,6 +9,8 @@ package isolate
 import (
 	"context"
 	"net"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/den-dev/den/internal/agent"
@@ -162,4 +164,22 @@ type Dialer interface {
 // returns the mount points it detached.
 type Cleaner interface {
 	Clean(ctx context.Context, spec *Spec) (unmounted []string, err error)
+}
+
+// TestStall is a test hook: when $DEN_TEST_STALL names a file that holds
+// point, the operation on box id that reaches point creates FILE.ID and
+// waits for ever, so a test can kill the daemon at that instant. Points:
+// "mounted" (a linux box's root is mounted in the daemon's mount
+// namespace), "frozen" (a snapshot or fork has frozen its source and copied
+// its files, and has not thawed it yet).
+func TestStall(point, id string) {
+	f := os.Getenv("DEN_TEST_STALL")
+	if f == "" {
+		return
+	}
+	if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != point {
+		return
+	}
+	os.WriteFile(f+"."+id, nil, 0o600)
+	select {}
 }

@@ -272,6 +272,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			spec, err := m.spec(ctx, rec)
 			if err == nil {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
+					m.thawCapture(ctx, rec, b)
 					m.boxes[rec.ID] = b
 					m.meters[rec.ID] = &meter{total: rec.Usage}
 					m.watch(rec.ID, b)
@@ -293,7 +294,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			unmounted := m.cleanAll(ctx, &isolate.Spec{ID: e.Name()})
 			err := m.deleteTree(filepath.Join(m.sandboxesDir(), e.Name()))
 			m.log.Warn("removed the files of a sandbox without a record (an operation cut short)", "id", e.Name(), "unmounted", unmounted, "err", err)
-			m.event(e.Name(), "sandbox.interrupted", interruption{Operation: "create", Cleaned: cleaned(unmounted, "files"), Error: errString(err)})
+			m.event(e.Name(), "sandbox.interrupted", interruption{Operation: "unrecorded", Cleaned: cleaned(unmounted, "files"), Error: errString(err)})
 		}
 	}
 	m.wg.Wait()
@@ -349,6 +350,24 @@ func (m *Manager) cleanBox(ctx context.Context, rec *record) ([]string, error) {
 		return m.cleanAll(ctx, spec), nil
 	}
 	return clean(ctx, rt, spec)
+}
+
+// frozenBox is the optional ability of a box to say whether its
+// processes are frozen.
+type frozenBox interface{ Frozen() bool }
+
+// thawCapture resumes a running (not paused) sandbox that the previous
+// daemon left frozen: it died during a snapshot's or fork's capture, and
+// every request to the sandbox would hang on its frozen agent.
+func (m *Manager) thawCapture(ctx context.Context, rec *record, b isolate.Box) {
+	f, ok := b.(frozenBox)
+	p, ok2 := b.(pauser)
+	if rec.State != api.StateRunning || !ok || !ok2 || !f.Frozen() {
+		return
+	}
+	err := p.Resume(ctx)
+	m.log.Warn("thawed a sandbox a snapshot or fork cut short had left frozen", "id", rec.ID, "err", err)
+	m.event(rec.ID, "sandbox.interrupted", interruption{Operation: "snapshot or fork", State: rec.State, Cleaned: []string{"thawed"}, Error: errString(err)})
 }
 
 // clean removes what rt keeps of a box outside its storage (spec.Dir must

@@ -218,6 +218,7 @@ func (m *Manager) frozen(ctx context.Context, rec *record, fn func() error) (boo
 		return false, fmt.Errorf("freeze for the capture: %w", err)
 	}
 	err := fn()
+	isolate.TestStall("frozen", rec.ID)
 	if rerr := p.Resume(context.Background()); rerr != nil && err == nil {
 		err = fmt.Errorf("thaw after the capture: %w", rerr)
 	}
@@ -722,7 +723,9 @@ func (m *Manager) recoverSnapshots(ctx context.Context) {
 	ents, _ := os.ReadDir(m.snapshotsDir())
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.deleteTree(filepath.Join(m.snapshotsDir(), e.Name()))
+			err := m.deleteTree(filepath.Join(m.snapshotsDir(), e.Name()))
+			m.log.Warn("removed the files of a snapshot without a record (a capture cut short)", "snapshot", e.Name(), "err", err)
+			m.event("", "snapshot.interrupted", map[string]any{"snapshot": e.Name(), "cleaned": []string{"files"}, "error": errString(err)})
 		}
 	}
 	// Saved memory of a snapshot never recorded, or of a fork cut short.

@@ -272,7 +272,7 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { unix.Unmount(rootfs, unix.MNT_DETACH) })
-	testStall("mounted", spec.ID)
+	isolate.TestStall("mounted", spec.ID)
 
 	if err := r.cg.Create(spec.ID, spec.Limits); err != nil {
 		return nil, err
@@ -448,22 +448,6 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	return nil
 }
 
-// testStall is a test hook: when DEN_TEST_STALL names a file and the
-// file exists, a box start at point (only "mounted": its root is mounted
-// in the daemon's mount namespace) creates FILE.ID and waits for ever,
-// so a test can kill the daemon at that instant.
-func testStall(point, id string) {
-	f := os.Getenv("DEN_TEST_STALL")
-	if f == "" {
-		return
-	}
-	if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != point {
-		return
-	}
-	os.WriteFile(f+"."+id, nil, 0o600)
-	select {}
-}
-
 // Load reattaches to a box that outlived the daemon that started it: pid
 // must still be that box's init, and its agent must answer.
 func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolate.Box, error) {
@@ -571,6 +555,10 @@ func (b *box) Pause(ctx context.Context) error { return b.rt.cg.Freeze(ctx, b.sp
 
 // Resume thaws the box's processes.
 func (b *box) Resume(ctx context.Context) error { return b.rt.cg.Freeze(ctx, b.spec.ID, false) }
+
+// Frozen reports whether the box's processes are frozen (a pause, or a
+// capture a dead daemon did not finish).
+func (b *box) Frozen() bool { return b.rt.cg.Frozen(b.spec.ID) }
 
 // Procs lists the host pids of the box's processes.
 func (b *box) Procs() []int { return b.rt.cg.Procs(b.spec.ID) }
