@@ -158,6 +158,30 @@ func removeAt(dirfd int, name, full string, mnt mountID) error {
 	}
 }
 
+// notMountRoot returns an error wrapping ErrMountPoint if the directory p
+// is mounted on (or its mount cannot be told).
+func notMountRoot(p string) error {
+	parent, err := unix.Open(filepath.Dir(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "remove", Path: p, Err: err}
+	}
+	defer unix.Close(parent)
+	pm, err := mountOf(parent, "")
+	if err != nil {
+		return &os.PathError{Op: "remove", Path: p, Err: err}
+	}
+	cm, err := mountOf(parent, filepath.Base(p))
+	if err != nil {
+		return &os.PathError{Op: "remove", Path: p, Err: err}
+	}
+	// A subvolume has a device of its own but the same mount: only the
+	// mount ids (or the mount-root attribute) tell a mount.
+	if (pm.id != 0 && cm.id != 0 && pm.id != cm.id) || cm.root {
+		return fmt.Errorf("remove %s: %w: not removing what is mounted there", p, ErrMountPoint)
+	}
+	return nil
+}
+
 // MountsUnder lists the mount points at or under dir in this process's
 // mount namespace, deepest first.
 func MountsUnder(dir string) []string {

@@ -173,3 +173,38 @@ func TestStorageMountNosuidNodev(t *testing.T) {
 		t.Fatalf("re-opened DATA/fs has %v, want nosuid and nodev", o)
 	}
 }
+
+func TestBtrfsDeleteStopsAtMounts(t *testing.T) {
+	s := newBtrfs(t, 256<<20)
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "keep"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A plain directory (not a subvolume) in den's storage with a host
+	// directory mounted in it, and a subvolume beside it.
+	d := filepath.Join(s.Root(), "d")
+	mnt := filepath.Join(d, "m")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(filepath.Join(d, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(host, mnt, "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("bind mount: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	if err := s.Delete(d); !errors.Is(err, ErrMountPoint) {
+		t.Fatalf("Delete across a bind mount: %v, want ErrMountPoint", err)
+	}
+	if _, err := os.Stat(filepath.Join(host, "keep")); err != nil {
+		t.Fatalf("Delete removed a file of the mounted directory: %v", err)
+	}
+	unix.Unmount(mnt, unix.MNT_DETACH)
+	if err := s.Delete(d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(d); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("d left: %v", err)
+	}
+}

@@ -355,6 +355,9 @@ func (s *Store) remove(p string) error {
 	if s.kind != "btrfs" || !fi.IsDir() {
 		return RemoveTree(p)
 	}
+	if err := notMountRoot(p); err != nil {
+		return err
+	}
 	if sub, err := isSubvolume(p); err != nil {
 		return err
 	} else if sub {
