@@ -380,6 +380,20 @@ func TestCpOutOfRealSandbox(t *testing.T) {
 	}
 }
 
+// stallDaemon starts a daemon with the test hook armed by the file stall
+// (isolate.TestStall) and a sandbox src with /root/mark holding "before".
+func stallDaemon(t *testing.T) (d *daemon, stall string, src *api.Sandbox) {
+	t.Helper()
+	stall = filepath.Join(t.TempDir(), "stall")
+	d = newDaemon(t, "DEN_TEST_STALL="+stall)
+	src, err := d.c.Create(context.Background(), api.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.sh(src.ID, "echo before > /root/mark")
+	return d, stall, src
+}
+
 // holdFork has the daemon hold a fork of src at point (isolate.TestStall)
 // and returns the id the hook reported once it holds.
 func holdFork(t *testing.T, d *daemon, stall, point, src string) string {
@@ -416,14 +430,8 @@ func holdFork(t *testing.T, d *daemon, stall, point, src string) string {
 // can be removed and the source still works, and that SIGTERM ends the
 // daemon.
 func TestKillDuringFork(t *testing.T) {
-	stall := filepath.Join(t.TempDir(), "stall")
-	d := newDaemon(t, "DEN_TEST_STALL="+stall)
+	d, stall, src := stallDaemon(t)
 	ctx := context.Background()
-	src, err := d.c.Create(ctx, api.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.sh(src.ID, "echo before > /root/mark")
 
 	// Hold the next box start with its root mounted, fork, wait for it.
 	forkID := holdFork(t, d, stall, "mounted", src.ID)
@@ -502,14 +510,8 @@ func TestKillDuringFork(t *testing.T) {
 // frozen agent otherwise), says so in an event, and removes the
 // unrecorded copies.
 func TestKillDuringForkCapture(t *testing.T) {
-	stall := filepath.Join(t.TempDir(), "stall")
-	d := newDaemon(t, "DEN_TEST_STALL="+stall)
+	d, stall, src := stallDaemon(t)
 	ctx := context.Background()
-	src, err := d.c.Create(ctx, api.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.sh(src.ID, "echo before > /root/mark")
 	if held := holdFork(t, d, stall, "frozen", src.ID); held != src.ID {
 		t.Fatalf("the hook held %s, want the source %s", held, src.ID)
 	}
