@@ -87,6 +87,7 @@ type daemon struct {
 	addr      string // tcp://127.0.0.1:PORT
 	token     string
 	storage   string
+	grace     string // --shutdown-grace
 	env       []string
 	proc      *serveProc
 	c         *client.Client
@@ -126,7 +127,7 @@ func newDaemon(t *testing.T, env ...string) *daemon {
 	}
 	addr := "tcp://" + ln.Addr().String()
 	ln.Close()
-	d := &daemon{t: t, data: t.TempDir(), run: fmt.Sprintf("/run/den-e2e/serve-%d-%d", os.Getpid(), n), addr: addr, env: env, storage: "dir"}
+	d := &daemon{t: t, data: t.TempDir(), run: fmt.Sprintf("/run/den-e2e/serve-%d-%d", os.Getpid(), n), addr: addr, env: env, storage: "dir", grace: "20s"}
 	if _, err := exec.LookPath("mkfs.btrfs"); err == nil {
 		d.storage = "btrfs"
 	}
@@ -141,7 +142,7 @@ func (d *daemon) start() {
 	cmd := exec.Command(denBinary(t), "serve", "--data", d.data, "--run", d.run,
 		"--listen", d.addr, "--listen", "unix://"+filepath.Join(d.run, "den.sock"),
 		"--warm", "0", "--runtimes", "linux", "--net=false", "--storage", d.storage, "--storage-size", "2g",
-		"--shutdown-grace", "20s")
+		"--shutdown-grace", d.grace)
 	cmd.Env = append(append(os.Environ(), "DEN_TEST_RUN_DEN=1"), d.env...)
 	p := &serveProc{cmd: cmd, done: make(chan struct{}), log: &bytes.Buffer{}, mu: &sync.Mutex{}}
 	cmd.Stdout = lockedBuffer{p.mu, p.log}
@@ -563,4 +564,44 @@ func TestKillDuringForkCapture(t *testing.T) {
 	if err := d.term(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestShutdownGrace: SIGTERM while something the shutdown waits for never
+// ends (a sandbox's teardown, held by the test hook): den serve exits
+// when the grace period is over, and says so.
+func TestShutdownGrace(t *testing.T) {
+	d, stall, src := stallDaemon(t)
+	// Control: with nothing held, SIGTERM ends the daemon well within
+	// its grace period. Then again with a short one.
+	if err := d.term(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(d.logText(), "exiting anyway") {
+		t.Fatalf("control: a clean shutdown was cut short:\n%s", d.logText())
+	}
+	d.grace = "2s"
+	d.start()
+	if err := os.WriteFile(stall, []byte("teardown"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.c.Remove(context.Background(), src.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, err := os.Stat(stall + "." + src.ID); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the teardown never reached the hook\n%s", d.logText())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := d.term(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(d.logText(), "exiting anyway") {
+		t.Errorf("den serve ended without saying the grace period cut it short:\n%s", d.logText())
+	}
+	os.Remove(stall)
 }

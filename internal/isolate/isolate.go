@@ -171,7 +171,8 @@ type Cleaner interface {
 // waits for ever, so a test can kill the daemon at that instant. Points:
 // "mounted" (a linux box's root is mounted in the daemon's mount
 // namespace), "frozen" (a snapshot or fork has frozen its source and copied
-// its files, and has not thawed it yet).
+// its files, and has not thawed it yet), "teardown" (a removed sandbox's
+// teardown, which the daemon's shutdown waits for, begins).
 func TestStall(point, id string) {
 	f := os.Getenv("DEN_TEST_STALL")
 	if f == "" {

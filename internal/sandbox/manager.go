@@ -1189,6 +1189,7 @@ func (m *Manager) bootPooled() (*pooled, error) {
 
 // teardown stops a box (if any), removes its storage and frees its id range.
 func (m *Manager) teardown(rec *record, b isolate.Box) {
+	isolate.TestStall("teardown", rec.ID)
 	ctx := context.Background()
 	if b != nil {
 		b.Stop(ctx)
