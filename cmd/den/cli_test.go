@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"io/fs"
 	"net/url"
@@ -13,11 +14,13 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"golang.org/x/sys/unix"
 )
 
 type result struct {
@@ -485,6 +488,9 @@ func TestCpRefusesUnsafeArchives(t *testing.T) {
 			&tar.Header{Name: "x/", Typeflag: tar.TypeDir, Mode: 0o755},
 			&tar.Header{Name: "x/up", Typeflag: tar.TypeSymlink, Linkname: "../.."},
 			&tar.Header{Name: "x/up/escape", Typeflag: tar.TypeReg}),
+		"hard link out": evilTar(t,
+			&tar.Header{Name: "x/", Typeflag: tar.TypeDir, Mode: 0o755},
+			&tar.Header{Name: "x/h", Typeflag: tar.TypeLink, Linkname: strings.TrimPrefix(filepath.Join(outside, "escape"), "/")}),
 		"other root": evilTar(t,
 			&tar.Header{Name: "x/", Typeflag: tar.TypeDir, Mode: 0o755},
 			&tar.Header{Name: "y/escape", Typeflag: tar.TypeReg}),
@@ -526,6 +532,72 @@ func TestCpRefusesUnsafeArchives(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dest, "x")); string(b) != "pwned" {
 		t.Errorf("x holds %q", b)
 	}
+}
+
+// TestCpOutDropsPrivileges: what a sandbox sends never becomes a
+// privileged file here: setuid and setgid bits are dropped, the copies
+// belong to the caller, file capabilities (an xattr) and device nodes do
+// not come out; -a keeps the sandbox's owners and the bits, never
+// capabilities or devices.
+func TestCpOutDropsPrivileges(t *testing.T) {
+	f := newFakeDaemon(t)
+	f.addSandbox(api.CreateRequest{Name: "box"})
+	cap := "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00" // cap_net_raw+ep
+	f.archive = evilTar(t,
+		&tar.Header{Name: "x/", Typeflag: tar.TypeDir, Mode: 0o2775, Uid: 1234, Gid: 1235},
+		&tar.Header{Name: "x/suid", Typeflag: tar.TypeReg, Mode: 0o4755, Uid: 0, Gid: 0},
+		&tar.Header{Name: "x/sgid", Typeflag: tar.TypeReg, Mode: 0o2755, Uid: 1234, Gid: 1235},
+		&tar.Header{Name: "x/cap", Typeflag: tar.TypeReg, Mode: 0o755, PAXRecords: map[string]string{"SCHILY.xattr.security.capability": cap}},
+		&tar.Header{Name: "x/hard", Typeflag: tar.TypeLink, Linkname: "x/suid"},
+		&tar.Header{Name: "x/mem", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 1, Mode: 0o666})
+	check := func(t *testing.T, dest string, archive bool) {
+		t.Helper()
+		want := map[string]os.FileMode{"x": 0o775 | fs.ModeDir, "x/suid": 0o755, "x/sgid": 0o755, "x/cap": 0o755, "x/hard": 0o755}
+		owner := map[string][2]int{}
+		for n := range want {
+			owner[n] = [2]int{os.Getuid(), os.Getgid()}
+		}
+		if archive {
+			want["x"] |= fs.ModeSetgid
+			want["x/suid"] |= fs.ModeSetuid
+			want["x/hard"] |= fs.ModeSetuid
+			want["x/sgid"] |= fs.ModeSetgid
+			owner["x"], owner["x/sgid"] = [2]int{1234, 1235}, [2]int{1234, 1235}
+			owner["x/suid"], owner["x/hard"], owner["x/cap"] = [2]int{0, 0}, [2]int{0, 0}, [2]int{0, 0}
+		}
+		for n, m := range want {
+			fi, err := os.Lstat(filepath.Join(dest, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode() != m {
+				t.Errorf("%s: mode %v, want %v", n, fi.Mode(), m)
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if o := [2]int{int(st.Uid), int(st.Gid)}; o != owner[n] {
+				t.Errorf("%s: owner %v, want %v", n, o, owner[n])
+			}
+		}
+		if n, err := unix.Lgetxattr(filepath.Join(dest, "x/cap"), "security.capability", make([]byte, 64)); err != unix.ENODATA {
+			t.Errorf("x/cap: security.capability: %d bytes, %v; want none", n, err)
+		}
+		if _, err := os.Lstat(filepath.Join(dest, "x/mem")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("x/mem: %v, want no device node", err)
+		}
+	}
+	dest := t.TempDir()
+	if r := den(t, f, "", "cp", "box:/x", dest); r.code != 0 || !strings.Contains(r.stderr, "skipping") {
+		t.Fatalf("cp: %+v", r)
+	}
+	check(t, dest, false)
+	if os.Geteuid() != 0 {
+		t.Skip("-a sets other owners: needs root")
+	}
+	dest = t.TempDir()
+	if r := den(t, f, "", "cp", "-a", "box:/x", dest); r.code != 0 {
+		t.Fatalf("cp -a: %+v", r)
+	}
+	check(t, dest, true)
 }
 
 func TestFlagErrors(t *testing.T) {

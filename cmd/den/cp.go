@@ -28,7 +28,15 @@ copying to an existing directory puts the source inside it (den cp ./src
 ID:/work gives /work/src); copying to a missing path creates it as a copy of
 the source; a source ending in /. copies the directory's contents. Modes and
 symlinks are kept; symlinks are never followed, and nothing is written
-outside DST.`,
+outside DST.
+
+Files copied out of a sandbox belong to you (the user running den cp), and
+lose their setuid and setgid bits: a sandbox cannot plant a privileged
+program on this machine. Extended attributes (file capabilities among
+them) and device nodes never come out. With -a (--archive) they keep the
+sandbox's uid/gid and their setuid/setgid bits, as docker cp -a does
+(setting other owners needs root). Copied in, files belong to root inside
+the sandbox unless -a keeps their local uid/gid.`,
 	example: `den cp ./src web:/work
 		den cp web:/work/out ./out
 		den cp web:/work/src/. ./local-copy`,
@@ -62,7 +70,7 @@ func contentsOnly(p string) bool {
 
 func cmdCp(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
-	keepOwner := f.Bool("archive", "a", "keep the local uid/gid of files copied into a sandbox (default: root)")
+	keepOwner := f.Bool("archive", "a", "keep owners: copied in, the local uid/gid (default: root); copied out, the sandbox's uid/gid and setuid/setgid bits (default: yours, without setuid/setgid)")
 	pos, _, err := f.parse(args, -1, c.stdout)
 	if err != nil {
 		return err
@@ -83,7 +91,7 @@ func cmdCp(c *cli, v *verb, args []string) error {
 	if dst.id != "" {
 		err = c.copyIn(ctx, cl, src.path, dst, *keepOwner)
 	} else {
-		err = c.copyOut(ctx, cl, src, dst.path)
+		err = c.copyOut(ctx, cl, src, dst.path, *keepOwner)
 	}
 	if err != nil && ctx.Err() != nil {
 		fmt.Fprintln(c.stderr, "den: interrupted")
@@ -242,7 +250,7 @@ func (zeros) Read(p []byte) (int, error) {
 }
 
 // copyOut copies src from the sandbox to the local dst.
-func (c *cli) copyOut(ctx context.Context, cl *client.Client, src cpPath, dst string) error {
+func (c *cli) copyOut(ctx context.Context, cl *client.Client, src cpPath, dst string, archive bool) error {
 	contents := contentsOnly(src.path)
 	rc, err := cl.Download(ctx, src.id, path.Clean(src.path))
 	if err != nil {
@@ -253,15 +261,19 @@ func (c *cli) copyOut(ctx context.Context, cl *client.Client, src cpPath, dst st
 		_, err := io.Copy(c.stdout, rc)
 		return err
 	}
-	return extract(rc, dst, contents, c.stderr)
+	return extract(rc, dst, contents, archive, c.stderr)
 }
 
 // extract unpacks a downloaded tar stream (entries under one root name, as
 // the archive endpoint gives them) to the local dst with docker cp's rules.
 // Every file is created through an os.Root; entries with absolute names or
 // "..", and entries below a symlink, are refused, so nothing is written
-// outside the destination or through a symlink.
-func extract(r io.Reader, dst string, contents bool, warn io.Writer) error {
+// outside the destination or through a symlink; hard links must point
+// inside it; devices and other special files are skipped. The copies
+// belong to the caller and lose setuid and setgid bits unless archive is
+// set: then they get the archive's uid/gid and keep those bits. Extended
+// attributes are never restored (no file capabilities).
+func extract(r io.Reader, dst string, contents, archive bool, warn io.Writer) error {
 	tr := tar.NewReader(r)
 	hdr, err := tr.Next()
 	if errors.Is(err, io.EOF) {
@@ -319,7 +331,7 @@ func extract(r io.Reader, dst string, contents bool, warn io.Writer) error {
 		return err
 	}
 	defer root.Close()
-	x := &extractor{root: root, rootName: rootName, newRoot: newRoot, warn: warn}
+	x := &extractor{root: root, rootName: rootName, newRoot: newRoot, archive: archive, warn: warn}
 	for {
 		if err := x.entry(hdr, tr); err != nil {
 			return err
@@ -351,6 +363,7 @@ func entryName(n string) (string, error) {
 type extractor struct {
 	root              *os.Root
 	rootName, newRoot string
+	archive           bool // keep owners and setuid/setgid bits
 	warn              io.Writer
 	dirs              []dirMode
 }
@@ -425,7 +438,6 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	mode := client.FileMode(uint32(hdr.Mode))
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if exists && !existing.IsDir() {
@@ -454,7 +466,10 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
 	}
 	switch hdr.Typeflag {
 	case tar.TypeSymlink:
-		return x.root.Symlink(hdr.Linkname, osName)
+		if err := x.root.Symlink(hdr.Linkname, osName); err != nil {
+			return err
+		}
+		return x.owner(osName, hdr)
 	case tar.TypeLink:
 		old, err := x.target(hdr.Linkname)
 		if err != nil {
@@ -470,8 +485,11 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
 		return err
 	}
 	_, err = io.Copy(file, r)
+	if err == nil && x.archive {
+		err = x.chown(file.Chown, hdr)
+	}
 	if err == nil {
-		err = file.Chmod(mode)
+		err = file.Chmod(x.mode(hdr))
 	}
 	if cerr := file.Close(); err == nil {
 		err = cerr
@@ -490,12 +508,42 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader) error {
 func (x *extractor) finish() error {
 	for i := len(x.dirs) - 1; i >= 0; i-- {
 		d := x.dirs[i]
-		if err := x.root.Chmod(d.name, client.FileMode(uint32(d.hdr.Mode))); err != nil {
+		// The owner first: a chown clears setuid and setgid bits.
+		if err := x.owner(d.name, d.hdr); err != nil {
+			return err
+		}
+		if err := x.root.Chmod(d.name, x.mode(d.hdr)); err != nil {
 			return err
 		}
 		if !d.hdr.ModTime.IsZero() {
 			x.root.Chtimes(d.name, d.hdr.ModTime, d.hdr.ModTime)
 		}
+	}
+	return nil
+}
+
+// mode is the mode an extracted file or directory gets: the archive's,
+// without setuid and setgid unless archive is set.
+func (x *extractor) mode(hdr *tar.Header) os.FileMode {
+	m := client.FileMode(uint32(hdr.Mode))
+	if !x.archive {
+		m &^= os.ModeSetuid | os.ModeSetgid
+	}
+	return m
+}
+
+// owner gives name (not following a symlink) the archive's uid/gid when
+// archive is set; otherwise it keeps the caller's.
+func (x *extractor) owner(name string, hdr *tar.Header) error {
+	if !x.archive {
+		return nil
+	}
+	return x.chown(func(uid, gid int) error { return x.root.Lchown(name, uid, gid) }, hdr)
+}
+
+func (x *extractor) chown(chown func(uid, gid int) error, hdr *tar.Header) error {
+	if err := chown(hdr.Uid, hdr.Gid); err != nil {
+		return fmt.Errorf("keep the owner %d:%d of %s (-a): %w (giving files other owners needs root; without -a the copies are yours)", hdr.Uid, hdr.Gid, hdr.Name, err)
 	}
 	return nil
 }

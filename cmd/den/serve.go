@@ -71,6 +71,7 @@ func cmdServe(args []string) error {
 	runscPath := fs.String("runsc", envOr("DEN_RUNSC", ""), "gVisor's runsc binary for the gvisor tier (default: runsc on PATH; den info shows its version and platform)")
 	runscPlatform := fs.String("runsc-platform", "", "gVisor platform: systrap, kvm or ptrace (default: the fastest one a trial sandbox shows working here)")
 	sshAddr := fs.String("ssh", "", "serve den's SSH gateway on this address, like 127.0.0.1:2222 (ssh -p 2222 ID@host; keys from den ssh-key add)")
+	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM or SIGINT, how long to finish requests and close down before exiting anyway (sandboxes keep running either way; a second signal exits at once)")
 	verbose := fs.Bool("v", false, "log debug messages")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -201,20 +202,37 @@ func cmdServe(args []string) error {
 		log.Info("listening", "addr", l)
 		go func() { errc <- srv.Serve(ln) }()
 	}
-	sig := make(chan os.Signal, 1)
+	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
 	case s := <-sig:
-		log.Info("shutting down", "signal", s.String())
+		log.Info("shutting down", "signal", s.String(), "grace", grace.String())
 	case err := <-errc:
 		log.Error("serve", "err", err)
 	}
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// Whatever hangs below (a request that does not end, a teardown
+	// stuck in the kernel), the daemon exits within the grace period:
+	// the next daemon recovers what this one leaves.
+	go boundShutdown(log, *grace, sig)
+	sctx, cancel := context.WithTimeout(ctx, *grace)
 	defer cancel()
 	for _, srv := range servers {
 		srv.Shutdown(sctx)
 	}
 	return nil
+}
+
+// boundShutdown exits the process when the grace period is over, or at a
+// second signal, saying so.
+func boundShutdown(log *slog.Logger, grace time.Duration, sig <-chan os.Signal) {
+	t := time.NewTimer(grace)
+	select {
+	case <-t.C:
+		log.Error("shutdown did not finish within the grace period: exiting anyway", "grace", grace.String())
+	case s := <-sig:
+		log.Error("second signal during shutdown: exiting at once", "signal", s.String())
+	}
+	os.Exit(1)
 }
 
 func envOr(k, def string) string {

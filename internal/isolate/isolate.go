@@ -9,6 +9,8 @@ package isolate
 import (
 	"context"
 	"net"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/den-dev/den/internal/agent"
@@ -154,4 +156,31 @@ type Networker interface {
 // the box as its own loopback sees it (servers bound to 127.0.0.1 too).
 type Dialer interface {
 	DialInside(ctx context.Context, port int) (net.Conn, error)
+}
+
+// Cleaner is the optional ability of a runtime to remove what a box left
+// outside its storage (processes, cgroups, network, mounts and run
+// directory) when its daemon died in the middle of an operation; it
+// returns the mount points it detached.
+type Cleaner interface {
+	Clean(ctx context.Context, spec *Spec) (unmounted []string, err error)
+}
+
+// TestStall is a test hook: when $DEN_TEST_STALL names a file that holds
+// point, the operation on box id that reaches point creates FILE.ID and
+// waits for ever, so a test can kill the daemon at that instant. Points:
+// "mounted" (a linux box's root is mounted in the daemon's mount
+// namespace), "frozen" (a snapshot or fork has frozen its source and copied
+// its files, and has not thawed it yet), "teardown" (a removed sandbox's
+// teardown, which the daemon's shutdown waits for, begins).
+func TestStall(point, id string) {
+	f := os.Getenv("DEN_TEST_STALL")
+	if f == "" {
+		return
+	}
+	if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != point {
+		return
+	}
+	os.WriteFile(f+"."+id, nil, 0o600)
+	select {}
 }

@@ -216,27 +216,6 @@ func (m *Manager) tierByName(name string) (isolate.Runtime, error) {
 // tier is the runtime of a sandbox.
 func (m *Manager) tier(rec *record) (isolate.Runtime, error) { return m.tierByName(rec.Runtime) }
 
-// destroyAll asks every tier to remove what it keeps of a box whose tier
-// is unknown (storage whose record is gone).
-func (m *Manager) destroyAll(ctx context.Context, spec *isolate.Spec) {
-	m.rt.Destroy(ctx, spec)
-	for name, rt := range m.cfg.Tiers {
-		if name != m.rt.Name() {
-			rt.Destroy(ctx, spec)
-		}
-	}
-}
-
-// destroy removes what rec's tier keeps of its box.
-func (m *Manager) destroy(ctx context.Context, rec *record, spec *isolate.Spec) error {
-	rt, err := m.tier(rec)
-	if err != nil {
-		m.destroyAll(ctx, spec)
-		return nil
-	}
-	return rt.Destroy(ctx, spec)
-}
-
 func (m *Manager) lock(id string) func() {
 	m.mu.Lock()
 	l, ok := m.locks[id]
@@ -289,10 +268,11 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		rt, _ := m.tier(rec)
-		if l, ok := rt.(loader); ok && rec.Pid > 0 {
+		if l, ok := rt.(loader); ok && rec.Pid > 0 && rec.State != api.StateCreating {
 			spec, err := m.spec(ctx, rec)
 			if err == nil {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
+					m.thawCapture(ctx, rec, b)
 					m.boxes[rec.ID] = b
 					m.meters[rec.ID] = &meter{total: rec.Usage}
 					m.watch(rec.ID, b)
@@ -301,22 +281,125 @@ func (m *Manager) recover(ctx context.Context) error {
 				}
 			}
 		}
-		rec.State, rec.Pid = api.StateStopped, 0
-		if err := m.put(ctx, rec); err != nil {
+		if err := m.interrupted(ctx, rec); err != nil {
 			return err
 		}
 	}
 	m.recoverSnapshots(ctx)
-	// Storage whose record is gone: a removal the previous daemon did not finish.
+	// Storage whose record is gone: a removal the previous daemon did not
+	// finish, or a create or fork it died in before recording the sandbox.
 	ents, _ := os.ReadDir(m.sandboxesDir())
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.destroyAll(ctx, &isolate.Spec{ID: e.Name()})
-			m.deleteTree(filepath.Join(m.sandboxesDir(), e.Name()))
+			unmounted := m.cleanAll(ctx, &isolate.Spec{ID: e.Name()})
+			err := m.deleteTree(filepath.Join(m.sandboxesDir(), e.Name()))
+			m.log.Warn("removed the files of a sandbox without a record (an operation cut short)", "id", e.Name(), "unmounted", unmounted, "err", err)
+			m.event(e.Name(), "sandbox.interrupted", interruption{Operation: "unrecorded", Cleaned: cleaned(unmounted, "files"), Error: errString(err)})
 		}
 	}
 	m.wg.Wait()
 	return nil
+}
+
+// interruption is the data of a sandbox.interrupted event: what a daemon
+// that died in the middle of an operation on the sandbox left, and what
+// the next daemon did about it.
+type interruption struct {
+	Operation string   `json:"operation"`         // create, fork, restore, start...
+	ForkOf    string   `json:"fork_of,omitempty"` // the source of an interrupted fork
+	State     string   `json:"state,omitempty"`   // the sandbox's state now
+	Cleaned   []string `json:"cleaned,omitempty"` // what was removed: mount points detached, "files", "processes"
+	Error     string   `json:"error,omitempty"`   // what could not be cleaned
+}
+
+// interrupted settles a sandbox whose box did not outlive the previous
+// daemon (or was being created when it died): whatever its runtime left
+// (processes, mounts, run directory) is removed and it is recorded
+// stopped. A create or fork that was in flight gets a sandbox.interrupted
+// event saying so and what was cleaned.
+func (m *Manager) interrupted(ctx context.Context, rec *record) error {
+	was := rec.State
+	unmounted, cerr := m.cleanBox(ctx, rec)
+	rec.State, rec.Pid = api.StateStopped, 0
+	if was == api.StateCreating {
+		op := "create"
+		if rec.ForkOf != "" {
+			op = "fork"
+		}
+		rec.Error = fmt.Sprintf("the daemon stopped during this sandbox's %s: it was never started; its files are kept (den start boots it, den rm removes it)", op)
+		m.log.Warn("sandbox operation interrupted by the daemon's end", "id", rec.ID, "operation", op, "unmounted", unmounted, "err", cerr)
+		m.event(rec.ID, "sandbox.interrupted", interruption{Operation: op, ForkOf: rec.ForkOf, State: rec.State, Cleaned: cleaned(unmounted, "processes"), Error: errString(cerr)})
+	} else if len(unmounted) > 0 || cerr != nil {
+		m.log.Warn("cleaned up after a sandbox whose box is gone", "id", rec.ID, "unmounted", unmounted, "err", cerr)
+	}
+	return m.put(ctx, rec)
+}
+
+// cleanBox removes what rec's tier keeps of its box outside its storage
+// (in every tier if its tier is unknown) and returns the mount points it
+// detached. The storage stays: the storage backend removes it (a
+// subvolume, maybe).
+func (m *Manager) cleanBox(ctx context.Context, rec *record) ([]string, error) {
+	spec, err := m.spec(ctx, rec)
+	if err != nil {
+		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536}
+	}
+	spec.Dir = ""
+	rt, err := m.tier(rec)
+	if err != nil {
+		return m.cleanAll(ctx, spec), nil
+	}
+	return clean(ctx, rt, spec)
+}
+
+// frozenBox is the optional ability of a box to say whether its
+// processes are frozen.
+type frozenBox interface{ Frozen() bool }
+
+// thawCapture resumes a running (not paused) sandbox that the previous
+// daemon left frozen: it died during a snapshot's or fork's capture, and
+// every request to the sandbox would hang on its frozen agent.
+func (m *Manager) thawCapture(ctx context.Context, rec *record, b isolate.Box) {
+	f, ok := b.(frozenBox)
+	p, ok2 := b.(pauser)
+	if rec.State != api.StateRunning || !ok || !ok2 || !f.Frozen() {
+		return
+	}
+	err := p.Resume(ctx)
+	m.log.Warn("thawed a sandbox a snapshot or fork cut short had left frozen", "id", rec.ID, "err", err)
+	m.event(rec.ID, "sandbox.interrupted", interruption{Operation: "snapshot or fork", State: rec.State, Cleaned: []string{"thawed"}, Error: errString(err)})
+}
+
+// clean removes what rt keeps of a box outside its storage (spec.Dir must
+// be empty) and returns the mount points it detached.
+func clean(ctx context.Context, rt isolate.Runtime, spec *isolate.Spec) ([]string, error) {
+	if c, ok := rt.(isolate.Cleaner); ok {
+		return c.Clean(ctx, spec)
+	}
+	return nil, rt.Destroy(ctx, spec)
+}
+
+// cleanAll cleans up after a box whose tier is unknown, in every tier.
+func (m *Manager) cleanAll(ctx context.Context, spec *isolate.Spec) []string {
+	unmounted, _ := clean(ctx, m.rt, spec)
+	for name, rt := range m.cfg.Tiers {
+		if name != m.rt.Name() {
+			u, _ := clean(ctx, rt, spec)
+			unmounted = append(unmounted, u...)
+		}
+	}
+	return unmounted
+}
+
+func cleaned(unmounted []string, what string) []string {
+	return append(append([]string{}, unmounted...), what)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // loader is the optional ability of a runtime to reattach to a box that
@@ -607,7 +690,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 			if err := m.copyTree(m.snapshotDir(snap.ID), dir, false); err != nil {
 				return fmt.Errorf("copy snapshot: %w", err)
 			}
-			os.RemoveAll(filepath.Join(dir, "work"))
+			storage.RemoveTree(filepath.Join(dir, "work"))
 		} else if err := m.newTree(dir); err != nil {
 			return fmt.Errorf("sandbox storage: %w", err)
 		}
@@ -807,7 +890,7 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 	if rec.Checkpoint && state != api.StateHibernated {
 		// A hibernated sandbox stopped for good: its memory is dropped.
 		rec.Checkpoint = false
-		os.RemoveAll(m.checkpointDir(rec.ID))
+		storage.RemoveTree(m.checkpointDir(rec.ID))
 	}
 	rec.State, rec.Pid = state, 0
 	if err := m.put(ctx, rec); err != nil {
@@ -1106,20 +1189,16 @@ func (m *Manager) bootPooled() (*pooled, error) {
 
 // teardown stops a box (if any), removes its storage and frees its id range.
 func (m *Manager) teardown(rec *record, b isolate.Box) {
+	isolate.TestStall("teardown", rec.ID)
 	ctx := context.Background()
 	if b != nil {
 		b.Stop(ctx)
 	}
-	spec, err := m.spec(ctx, rec)
-	if err != nil {
-		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536}
-	}
 	dir := filepath.Join(m.sandboxesDir(), rec.ID)
-	spec.Dir = "" // the storage backend removes it (a subvolume, maybe)
-	if err := m.destroy(ctx, rec, spec); err != nil {
+	if _, err := m.cleanBox(ctx, rec); err != nil {
 		m.log.Warn("remove sandbox", "id", rec.ID, "err", err)
 	}
-	os.RemoveAll(m.checkpointDir(rec.ID))
+	storage.RemoveTree(m.checkpointDir(rec.ID))
 	if err := m.deleteTree(dir); err != nil {
 		m.log.Warn("remove sandbox storage", "id", rec.ID, "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/storage"
 )
 
 // Snapshots and forks that keep processes: on tiers with memory
@@ -115,12 +116,12 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 // saveCheckpoint writes box b's processes and memory into dir (replacing
 // what is there), which stops the box; on failure dir is removed.
 func saveCheckpoint(ctx context.Context, cp isolate.Checkpointer, b isolate.Box, dir string) error {
-	os.RemoveAll(dir)
+	storage.RemoveTree(dir)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return err
 	}
 	if err := cp.Checkpoint(ctx, b, dir, false); err != nil {
-		os.RemoveAll(dir)
+		storage.RemoveTree(dir)
 		return err
 	}
 	return nil

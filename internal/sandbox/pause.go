@@ -3,12 +3,12 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/storage"
 )
 
 // pauser is the optional ability of a box to freeze every process it has
@@ -121,7 +121,7 @@ func (m *Manager) restore(ctx context.Context, rec *record) bool {
 	}
 	rec.Checkpoint = false
 	dir := m.checkpointDir(rec.ID)
-	defer os.RemoveAll(dir)
+	defer storage.RemoveTree(dir)
 	return m.restoreFrom(ctx, rec, dir)
 }
 

@@ -158,7 +158,7 @@ func (m *Manager) RemoveSnapshot(ctx context.Context, idOrName string) error {
 		return err
 	}
 	os.Remove(m.manifestPath(s.ID))
-	os.RemoveAll(m.memoryDir(s.ID))
+	storage.RemoveTree(m.memoryDir(s.ID))
 	if err := m.deleteTree(m.snapshotDir(s.ID)); err != nil {
 		m.log.Warn("remove snapshot files", "id", s.ID, "err", err)
 	}
@@ -218,6 +218,7 @@ func (m *Manager) frozen(ctx context.Context, rec *record, fn func() error) (boo
 		return false, fmt.Errorf("freeze for the capture: %w", err)
 	}
 	err := fn()
+	isolate.TestStall("frozen", rec.ID)
 	if rerr := p.Resume(context.Background()); rerr != nil && err == nil {
 		err = fmt.Errorf("thaw after the capture: %w", rerr)
 	}
@@ -266,7 +267,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 	}
 	if err != nil {
 		m.deleteTree(dir)
-		os.RemoveAll(mem)
+		storage.RemoveTree(mem)
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	took := time.Since(start)
@@ -276,7 +277,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 	}
 	if err := m.putSnapshot(ctx, snap); err != nil {
 		m.deleteTree(dir)
-		os.RemoveAll(mem)
+		storage.RemoveTree(mem)
 		return nil, err
 	}
 	m.event(rec.ID, "snapshot.create", map[string]any{"snapshot": snap.ID, "name": snap.Name, "memory": snap.Memory, "ms": float64(took.Microseconds()) / 1000})
@@ -458,7 +459,7 @@ func (m *Manager) replaceTree(dir, src string, quota api.Size) error {
 	if err := m.copyTree(src, next, false); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	os.RemoveAll(filepath.Join(next, "work"))
+	storage.RemoveTree(filepath.Join(next, "work"))
 	if err := m.setQuota(next, quota); err != nil {
 		m.deleteTree(next)
 		return err
@@ -573,7 +574,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 				sem <- struct{}{}
 				defer func() { <-sem }()
 				dir := filepath.Join(m.sandboxesDir(), r.ID)
-				os.RemoveAll(filepath.Join(dir, "work"))
+				storage.RemoveTree(filepath.Join(dir, "work"))
 				errs[i] = m.setQuota(dir, r.Limits.Disk)
 				if errs[i] == nil {
 					errs[i] = m.createFrom(ctx, r, mem)
@@ -588,7 +589,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 		// stopped, boots every fork; the forks are restored while the
 		// source is, and the checkpoint is removed once they run.
 		mem = filepath.Join(m.cfg.DataDir, "memory", "fork-"+recs[0].ID)
-		defer os.RemoveAll(mem)
+		defer storage.RemoveTree(mem)
 		done := make(chan struct{})
 		err = m.withCheckpoint(ctx, src, mem, func() error {
 			if err := copyAll(); err != nil {
@@ -722,14 +723,16 @@ func (m *Manager) recoverSnapshots(ctx context.Context) {
 	ents, _ := os.ReadDir(m.snapshotsDir())
 	for _, e := range ents {
 		if !known[e.Name()] {
-			m.deleteTree(filepath.Join(m.snapshotsDir(), e.Name()))
+			err := m.deleteTree(filepath.Join(m.snapshotsDir(), e.Name()))
+			m.log.Warn("removed the files of a snapshot without a record (a capture cut short)", "snapshot", e.Name(), "err", err)
+			m.event("", "snapshot.interrupted", map[string]any{"snapshot": e.Name(), "cleaned": []string{"files"}, "error": errString(err)})
 		}
 	}
 	// Saved memory of a snapshot never recorded, or of a fork cut short.
 	ents, _ = os.ReadDir(filepath.Dir(m.memoryDir("x")))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			os.RemoveAll(m.memoryDir(e.Name()))
+			storage.RemoveTree(m.memoryDir(e.Name()))
 		}
 	}
 	// A restore cut short: finish or undo the swap.

@@ -195,7 +195,7 @@ func mountImage(image, dir string) error {
 		return err
 	}
 	defer unix.Close(fd) // after the mount: autoclear then waits for the unmount
-	if err := unix.Mount(dev, dir, "btrfs", unix.MS_NOATIME, mountOptions); err != nil {
+	if err := unix.Mount(dev, dir, "btrfs", unix.MS_NOATIME|unix.MS_NOSUID|unix.MS_NODEV, mountOptions); err != nil {
 		return fmt.Errorf("mount %s on %s: %w", dev, dir, err)
 	}
 	return nil

@@ -132,6 +132,11 @@ func openBtrfs(dir string, size int64) (s *Store, err error) {
 			}
 		}()
 	}
+	// Mounted by an older den perhaps: no setuid program or device node
+	// a sandbox leaves in its files works from here.
+	if err := secureMount(fsdir); err != nil {
+		return nil, errImage{err}
+	}
 	fd, err := openDir(fsdir)
 	if err != nil {
 		return nil, errImage{err}
@@ -348,7 +353,10 @@ func (s *Store) remove(p string) error {
 		return err
 	}
 	if s.kind != "btrfs" || !fi.IsDir() {
-		return os.RemoveAll(p)
+		return RemoveTree(p)
+	}
+	if err := notMountRoot(p); err != nil {
+		return err
 	}
 	if sub, err := isSubvolume(p); err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/storage"
 	"golang.org/x/sys/unix"
 )
 
@@ -509,6 +510,14 @@ func logTail(run string) string {
 // container (killed if it runs), cgroups, mounts, network namespace and
 // slot, and run directory. Idempotent.
 func (r *Runtime) clean(ctx context.Context, spec *isolate.Spec) error {
+	_, err := r.Clean(ctx, spec)
+	return err
+}
+
+var _ isolate.Cleaner = (*Runtime)(nil)
+
+// Clean is clean, returning the mount points it detached.
+func (r *Runtime) Clean(ctx context.Context, spec *isolate.Spec) ([]string, error) {
 	run := r.boxRun(spec.ID)
 	var errs []error
 	if r.mayKnow(spec.ID) {
@@ -534,14 +543,15 @@ func (r *Runtime) clean(ctx context.Context, spec *isolate.Spec) error {
 	} else if spec.Net && r.cfg.Network != nil {
 		r.cfg.Network.Detach(spec.NetSlot)
 	}
-	if err := unmountAll(run); err != nil {
+	gone, err := storage.UnmountUnder(run)
+	if err != nil {
 		// Never remove a directory that still has a mount under it.
-		return errors.Join(append(errs, err)...)
+		return gone, errors.Join(append(errs, err)...)
 	}
-	if err := os.RemoveAll(run); err != nil {
+	if err := storage.RemoveTree(run); err != nil {
 		errs = append(errs, fmt.Errorf("remove run dir: %w", err))
 	}
-	return errors.Join(errs...)
+	return gone, errors.Join(errs...)
 }
 
 // sandboxPid is the pid of box id's runsc sandbox process if one runs.
@@ -585,7 +595,7 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	if spec.Dir == "" {
 		return nil
 	}
-	if err := os.RemoveAll(spec.Dir); err != nil {
+	if err := storage.RemoveTree(spec.Dir); err != nil {
 		return fmt.Errorf("remove box storage: %w", err)
 	}
 	return nil

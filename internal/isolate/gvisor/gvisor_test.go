@@ -19,6 +19,7 @@ import (
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/isolatetest"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/testenv"
 	"github.com/vishvananda/netlink"
 )
@@ -75,7 +76,7 @@ func newRuntime(t testing.TB) *Runtime {
 	}
 	t.Cleanup(func() {
 		cleanupRoot(rt.info.Runsc, rt.state)
-		if err := unmountAll(dir); err != nil {
+		if _, err := storage.UnmountUnder(dir); err != nil {
 			t.Errorf("cleanup: %v", err)
 			return
 		}
@@ -156,7 +157,7 @@ func leftovers(rt *Runtime, id string) []string {
 	if st := rt.containerState(context.Background(), id); st != "" {
 		out = append(out, "runsc container "+st)
 	}
-	if ms := mountsUnder(rt.boxRun(id)); len(ms) > 0 {
+	if ms := storage.MountsUnder(rt.boxRun(id)); len(ms) > 0 {
 		out = append(out, "mounts "+strings.Join(ms, " "))
 	}
 	if _, err := os.Stat(rt.boxRun(id)); err == nil {
@@ -717,7 +718,7 @@ func TestNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unmountAll(dir); os.RemoveAll(dir) })
+	t.Cleanup(func() { storage.UnmountUnder(dir); os.RemoveAll(dir) })
 	spec := testSpec(t, "gnet")
 	spec.Net, spec.NetSlot, spec.NetBandwidth = true, 3, 10<<20
 	b := start(t, rt, spec)

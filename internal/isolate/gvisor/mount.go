@@ -1,12 +1,10 @@
 package gvisor
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/den-dev/den/internal/isolate"
@@ -120,78 +118,6 @@ func bindSource(m isolate.Mount, dst string) error {
 	if err := unix.Mount("", dst, "", flags, ""); err != nil {
 		unix.Unmount(dst, unix.MNT_DETACH)
 		return fmt.Errorf("set attributes of %s: %w", m.Source, err)
-	}
-	return nil
-}
-
-// mountsUnder lists the mount points at or under dir in this process's
-// mount namespace, deepest first.
-func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fl := strings.Fields(sc.Text())
-		if len(fl) < 5 {
-			continue
-		}
-		mp := unescapeMount(fl[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + byte(c-'0')
-			}
-			if ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// unmountAll detaches every mount at or under dir, and reports the ones
-// that stay (never remove a directory with a mount left under it: it may
-// be a box's storage or a host directory).
-func unmountAll(dir string) error {
-	for i := 0; i < 4; i++ {
-		ms := mountsUnder(dir)
-		if len(ms) == 0 {
-			return nil
-		}
-		for _, m := range ms {
-			unix.Unmount(m, unix.MNT_DETACH)
-		}
-	}
-	if ms := mountsUnder(dir); len(ms) > 0 {
-		return fmt.Errorf("mounts left under %s: %s", dir, strings.Join(ms, ", "))
 	}
 	return nil
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
+	"github.com/den-dev/den/internal/storage"
 	"golang.org/x/sys/unix"
 )
 
@@ -261,7 +262,7 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
 	os.Chmod(run, 0o711)
-	cleanup = append(cleanup, func() { os.RemoveAll(run) })
+	cleanup = append(cleanup, func() { r.removeRun(spec.ID) })
 
 	ns, err := r.mapping(spec.UIDBase)
 	if err != nil {
@@ -271,6 +272,7 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { unix.Unmount(rootfs, unix.MNT_DETACH) })
+	isolate.TestStall("mounted", spec.ID)
 
 	if err := r.cg.Create(spec.ID, spec.Limits); err != nil {
 		return nil, err
@@ -397,23 +399,50 @@ func (b *box) Stop(ctx context.Context) error {
 			b.rt.net.Detach(b.spec.NetSlot)
 		}
 		err = b.rt.cg.Remove(b.spec.ID)
-		os.RemoveAll(b.rt.boxRun(b.spec.ID))
+		if _, rerr := b.rt.removeRun(b.spec.ID); err == nil {
+			err = rerr
+		}
 	})
 	return err
 }
 
-// Destroy removes the box's storage.
-func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
+// removeRun detaches whatever is still mounted in the box's run directory
+// (the root of a Start cut short, with its volumes and bind mounts) and
+// removes the directory, never crossing a mount point. It returns the
+// mount points it detached.
+func (r *Runtime) removeRun(id string) ([]string, error) {
+	run := r.boxRun(id)
+	gone, err := storage.UnmountUnder(run)
+	if err != nil {
+		return gone, err
+	}
+	return gone, storage.RemoveTree(run)
+}
+
+var _ isolate.Cleaner = (*Runtime)(nil)
+
+// Clean removes what a box left outside its storage: processes a dead
+// daemon left running, its cgroups, its network interface, and its run
+// directory with anything mounted in it. It returns the mount points it
+// detached.
+func (r *Runtime) Clean(ctx context.Context, spec *isolate.Spec) ([]string, error) {
 	r.cg.Kill(spec.ID) // anything a dead daemon left running
 	r.cg.Remove(spec.ID)
 	if r.net != nil && spec.Net {
 		r.net.Detach(spec.NetSlot)
 	}
-	os.RemoveAll(r.boxRun(spec.ID))
+	return r.removeRun(spec.ID)
+}
+
+// Destroy cleans up after the box (Clean) and removes its storage.
+func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
+	if _, err := r.Clean(ctx, spec); err != nil {
+		return err
+	}
 	if spec.Dir == "" {
 		return nil
 	}
-	if err := os.RemoveAll(spec.Dir); err != nil {
+	if err := storage.RemoveTree(spec.Dir); err != nil {
 		return fmt.Errorf("remove box storage: %w", err)
 	}
 	return nil
@@ -526,6 +555,10 @@ func (b *box) Pause(ctx context.Context) error { return b.rt.cg.Freeze(ctx, b.sp
 
 // Resume thaws the box's processes.
 func (b *box) Resume(ctx context.Context) error { return b.rt.cg.Freeze(ctx, b.spec.ID, false) }
+
+// Frozen reports whether the box's processes are frozen (a pause, or a
+// capture a dead daemon did not finish).
+func (b *box) Frozen() bool { return b.rt.cg.Frozen(b.spec.ID) }
 
 // Procs lists the host pids of the box's processes.
 func (b *box) Procs() []int { return b.rt.cg.Procs(b.spec.ID) }

@@ -22,6 +22,7 @@ import (
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/storage"
 	"golang.org/x/sys/unix"
 )
 
@@ -352,11 +353,13 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 			}
 		}
 	}()
-	os.RemoveAll(run)
+	if err := storage.RemoveTree(run); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(run, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
-	cleanup = append(cleanup, func() { os.RemoveAll(run) })
+	cleanup = append(cleanup, func() { storage.RemoveTree(run) })
 
 	var tap *os.File
 	// What a restored guest must become (it may run another box's
@@ -638,7 +641,7 @@ func (r *Runtime) cleanupRun(spec *isolate.Spec) error {
 		}
 		linux.RemoveNetNS(nsPath)
 	}
-	if err := os.RemoveAll(run); err != nil {
+	if err := storage.RemoveTree(run); err != nil {
 		return fmt.Errorf("remove run dir: %w", err)
 	}
 	return nil
@@ -689,7 +692,7 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	if spec.Dir == "" {
 		return nil
 	}
-	if err := os.RemoveAll(spec.Dir); err != nil {
+	if err := storage.RemoveTree(spec.Dir); err != nil {
 		return fmt.Errorf("remove box storage: %w", err)
 	}
 	return nil
