@@ -753,7 +753,7 @@ func wantEvent(t *testing.T, e *env, id, what string, match func(egress.Event) b
 	}
 	var b strings.Builder
 	for _, ev := range evs {
-		fmt.Fprintf(&b, "  %s %s %s:%d %s: %s\n", ev.Kind, ev.Name, ev.Addr, ev.Port, ev.Verdict, ev.Reason)
+		fmt.Fprintf(&b, "  %s %s %s %s:%d %s: %s [process %q, unknown %q]\n", ev.Kind, ev.Name, ev.QType, ev.Addr, ev.Port, ev.Verdict, ev.Reason, ev.Process, ev.ProcessUnknown)
 	}
 	t.Fatalf("no event for %s in:\n%s", what, b.String())
 }
@@ -1045,4 +1045,92 @@ print("again:", via("` + inetAddr + `:80", "allowed.test"))
 	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
 		t.Fatalf("the sandbox stopped working: %d %s", code, out)
 	}
+}
+
+// Denials name the process that made them, as allowed connections do: DNS
+// queries refused (over UDP, from a resolver that closes its socket as soon
+// as it has the answer, and over TCP) and connections refused at once. An
+// event whose process cannot be found says why.
+func TestNetworkDenialsAttributed(t *testing.T) {
+	e, in := newNetEnv(t)
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"}}})
+	// byExec matches an event attributed to the agent's process running cmd.
+	byExec := func(cmd string) func(egress.Event) bool {
+		return func(ev egress.Event) bool {
+			id, rest, _ := strings.Cut(ev.Process, " (")
+			_, err := strconv.Atoi(strings.TrimPrefix(id, "p"))
+			return strings.HasPrefix(id, "p") && err == nil && strings.HasPrefix(rest, cmd+" ") && ev.ProcessUnknown == ""
+		}
+	}
+	both := func(a, b func(egress.Event) bool) func(egress.Event) bool {
+		return func(ev egress.Event) bool { return a(ev) && b(ev) }
+	}
+	// The control: an allowed connection names its exec.
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
+		t.Fatalf("allowed name: %d %s", code, out)
+	}
+	wantEvent(t, e, sb.ID, "the allowed connection, attributed", both(byExec("curl"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindConnect && ev.Name == "allowed.test" && ev.Verdict == egress.VerdictAllow
+	}))
+	// DNS: a denied name over UDP (python, as dnsAsk does), the C library's
+	// resolver (getent), and over TCP.
+	if got := dnsAsk(t, e, sb.ID, "8.8.8.8", "other.test", 1); got != "5 0" {
+		t.Fatalf("denied name: %q", got)
+	}
+	wantEvent(t, e, sb.ID, "the denied DNS query over UDP, attributed", both(byExec("python3"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "other.test" && ev.Verdict == egress.VerdictDeny
+	}))
+	if r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"getent", "ahostsv4", "denied-by-libc.test"}, Timeout: api.Duration(20 * time.Second)}); err != nil || r.ExitCode == 0 {
+		t.Fatalf("getent of a denied name: %v %+v", err, r)
+	}
+	wantEvent(t, e, sb.ID, "the C library's denied query, attributed", both(byExec("getent"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "denied-by-libc.test" && ev.Verdict == egress.VerdictDeny
+	}))
+	tcpQuery := `
+import socket, struct
+q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + b"\x0aover-tcp-x\x04test\x00" + struct.pack(">HH", 1, 1)
+s = socket.create_connection(("8.8.8.8", 53), 5)
+s.sendall(struct.pack(">H", len(q)) + q)
+r = s.recv(512)
+print(r[5] & 0x0f)
+`
+	if r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"python3", "-c", tcpQuery}, Timeout: api.Duration(20 * time.Second)}); err != nil || strings.TrimSpace(string(r.Stdout)) != "5" {
+		t.Fatalf("DNS over TCP: %v %s%s", err, r.Stdout, r.Stderr)
+	}
+	wantEvent(t, e, sb.ID, "the denied DNS query over TCP, attributed", both(byExec("python3"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "over-tcp-x.test" && ev.Verdict == egress.VerdictDeny
+	}))
+	// Connections refused at once: the gateway (refused before anything
+	// is read), a private address literal (after the request is read),
+	// and a denied name through the explicit proxy.
+	gw := in.nw.Gateway().String()
+	for _, c := range []struct {
+		what  string
+		args  []string
+		match func(egress.Event) bool
+	}{
+		{"the gateway", []string{"--noproxy", "*", "http://" + gw + ":22/"}, func(ev egress.Event) bool { return ev.Addr == gw && ev.Port == 22 }},
+		{"a private literal", []string{"--noproxy", "*", "http://10.1.2.3/"}, func(ev egress.Event) bool { return ev.Addr == "10.1.2.3" }},
+		{"the explicit proxy", []string{"http://other.test/"}, func(ev egress.Event) bool { return ev.Name == "other.test" && ev.Kind == egress.KindConnect }},
+	} {
+		if out, code := curl(t, e, sb.ID, c.args...); code == 0 && strings.Contains(out, "hello") {
+			t.Fatalf("%s: reached: %s", c.what, out)
+		}
+		wantEvent(t, e, sb.ID, c.what+", denied and attributed", both(byExec("curl"), func(ev egress.Event) bool {
+			return ev.Kind == egress.KindConnect && ev.Verdict == egress.VerdictDeny && ev.Reason != "" && c.match(ev)
+		}))
+	}
+	// A query whose process does not wait for the answer: whether den
+	// found it or not, the event is never silently without a process.
+	fire := `
+import socket, struct
+q = struct.pack(">HHHHHH", 9, 0x0100, 1, 0, 0, 0) + b"\x0bfire-forget\x04test\x00" + struct.pack(">HH", 1, 1)
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(q, ("8.8.8.8", 53))
+`
+	if r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"python3", "-c", fire}, Timeout: api.Duration(20 * time.Second)}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("fire and forget: %v %s", err, r.Stderr)
+	}
+	wantEvent(t, e, sb.ID, "the query of a process that left, with its process or why not", func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "fire-forget.test" && (ev.Process != "") != (ev.ProcessUnknown != "")
+	})
 }
