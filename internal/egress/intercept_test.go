@@ -647,7 +647,9 @@ func TestAttributeBeforeAnswer(t *testing.T) {
 		if r.Rcode != dns.RcodeRefused {
 			t.Fatalf("%s %s: rcode %d; want REFUSED", q.network, q.name, r.Rcode)
 		}
-		e := h.log.wait(t, q.name, func(e Event) bool { return e.Kind == KindDNS && e.Name == q.name && e.QType == dns.TypeToString[q.qtype] })
+		e := h.log.wait(t, q.name, func(e Event) bool {
+			return e.Kind == KindDNS && e.Name == q.name && e.QType == dns.TypeToString[q.qtype]
+		})
 		if e.Process != "pid 7 (getent)" {
 			t.Errorf("%s query for %s: Process %q, ProcessUnknown %q", q.network, q.name, e.Process, e.ProcessUnknown)
 		}
