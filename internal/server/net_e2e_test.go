@@ -1134,3 +1134,168 @@ socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(q, ("8.8.8.8", 53))
 		return ev.Kind == egress.KindDNS && ev.Name == "fire-forget.test" && (ev.Process != "") != (ev.ProcessUnknown != "")
 	})
 }
+
+// Every TCP connection a sandbox opens to the host over the bridge is
+// refused and logged in the sandbox's log, with its reason and process:
+// the gateway's IPv4 and IPv6 addresses and the bridge's IPv6 link-local
+// address, on a port where the host listens and on den's own DNS and
+// proxy ports.
+func TestNetworkGatewayRefusalsLogged(t *testing.T) {
+	e, in := newNetEnv(t)
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetOpen}})
+	bridge := fmt.Sprintf("dent%d", os.Getpid()%100000)
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bridge's link-local address, once its duplicate detection is
+	// over (the sandbox's port brought the bridge up).
+	var ll netip.Addr
+	for i := 0; !ll.IsValid(); i++ {
+		addrs, _ := netlink.AddrList(br, netlink.FAMILY_V6)
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				ll, _ = netip.AddrFromSlice(a.IP)
+			}
+		}
+		if i == 100 {
+			t.Skipf("the bridge has no IPv6 link-local address (this host makes none): %v", addrs)
+		}
+		if !ll.IsValid() {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// And the sandbox's own addresses all usable (a link-local address of
+	// its own, were there one, past its duplicate detection: a connection
+	// to a link-local address would leave from it).
+	ns, err := netns.GetFromPid(sb.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	nh, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	for i := 0; ; i++ {
+		eth, err := nh.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, _ := nh.AddrList(eth, netlink.FAMILY_V6)
+		tentative := false
+		for _, a := range addrs {
+			tentative = tentative || a.Flags&unix.IFA_F_TENTATIVE != 0
+		}
+		if !tentative {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("the sandbox's IPv6 addresses stay tentative: %v", addrs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Listeners of the host's on the three addresses, one port.
+	ln4, err := net.Listen("tcp4", net.JoinHostPort(in.nw.Gateway().String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln4.Addr().(*net.TCPAddr).Port
+	targets := []string{in.nw.Gateway().String(), in.nw.Gateway6().String(), ll.String()}
+	hostAddr := map[string]string{targets[2]: ll.WithZone(bridge).String()}
+	accepted := make(chan string, 100)
+	for i, a := range targets {
+		ln := ln4
+		if i > 0 {
+			h := a
+			if z, ok := hostAddr[a]; ok {
+				h = z
+			}
+			if ln, err = net.Listen("tcp6", net.JoinHostPort(h, strconv.Itoa(port))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted <- c.RemoteAddr().String()
+				c.Close()
+			}
+		}()
+	}
+	// The control: the host reaches each.
+	for _, a := range targets {
+		h := a
+		if z, ok := hostAddr[a]; ok {
+			h = z
+		}
+		c, err := net.Dial("tcp", net.JoinHostPort(h, strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("control: the host cannot reach its own listener on %s: %v", h, err)
+		}
+		c.Close()
+		<-accepted
+	}
+	// The sandbox tries each: a listening port, den's DNS and transparent
+	// proxy ports. (The HTTP proxy's port on the gateway is the explicit
+	// proxy, which the sandbox may use.)
+	transparent, dnsPort, _ := in.nw.Ports()
+	probe := `
+import socket, sys
+for target in sys.argv[1:]:
+    host, _, port = target.rpartition(":")
+    try:
+        s = socket.create_connection((host, int(port)), 5)
+        s.settimeout(5)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        got = s.recv(100)
+        print(target, "open " + repr(got) if got else "refused")
+    except OSError as e:
+        print(target, "refused", e.__class__.__name__)
+`
+	type attempt struct {
+		addr string
+		port int
+	}
+	var tries []attempt
+	args := []string{"python3", "-c", probe}
+	for _, a := range targets {
+		for _, p := range []int{port, dnsPort, transparent} {
+			tries = append(tries, attempt{a, p})
+			h := a
+			if a == ll.String() {
+				h = ll.WithZone("eth0").String()
+			}
+			args = append(args, h+":"+strconv.Itoa(p))
+		}
+	}
+	r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: args, Timeout: api.Duration(60 * time.Second)})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("probe: %v %s%s", err, r.Stdout, r.Stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(string(r.Stdout)), "\n")
+	if len(lines) != len(tries) {
+		t.Fatalf("probe printed %d lines for %d targets:\n%s%s", len(lines), len(tries), r.Stdout, r.Stderr)
+	}
+	for _, l := range lines {
+		if !strings.Contains(l, " refused") {
+			t.Errorf("the sandbox reached the host: %s", l)
+		}
+	}
+	select {
+	case from := <-accepted:
+		t.Fatalf("a host listener accepted a connection from %s", from)
+	default:
+	}
+	for _, a := range tries {
+		wantEvent(t, e, sb.ID, fmt.Sprintf("the refusal of %s port %d", a.addr, a.port), func(ev egress.Event) bool {
+			return ev.Kind == egress.KindConnect && ev.Addr == a.addr && ev.Port == a.port && ev.Verdict == egress.VerdictDeny &&
+				strings.Contains(ev.Reason, "is the host") && strings.HasPrefix(ev.Process, "p") && strings.Contains(ev.Process, "(python3 ")
+		})
+	}
+}

@@ -123,6 +123,10 @@ table inet {{.Table}} {
 }
 `))
 
+// ip6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE: the kernel generates no
+// IPv6 link-local address for the interface.
+const ip6AddrGenModeNone = 1
+
 // NewNetwork creates (or adopts) the bridge and installs the rules. The
 // UDP allowances of sandboxes still running from a previous daemon are
 // kept.
@@ -378,6 +382,18 @@ func (n *Network) attach(ns netns.NsHandle, slot int) (netip.Addr, error) {
 	// IPv6: the slot's address (no duplicate detection: the address is the
 	// slot's alone, and DAD would hold it back for a second), and a default
 	// route through the gateway. A namespace whose IPv6 is off keeps IPv4.
+	//
+	// No IPv6 link-local address: a connection to the bridge's fe80::
+	// address would leave from one, which names no sandbox, and den's
+	// proxy could only refuse it as from an unknown source, outside the
+	// sandbox's log. Without one it leaves from the slot's address, and is
+	// refused and logged like any connection to the host. (Neighbour
+	// discovery does not need it: the slot's address answers.)
+	if !n.no6 {
+		if err := h.LinkSetIP6AddrGenMode(inner, ip6AddrGenModeNone); err != nil {
+			return addr, fmt.Errorf("turn off IPv6 link-local addresses on eth0: %w", err)
+		}
+	}
 	v6 := n.v6(addr)
 	ip6 := &netlink.Addr{IPNet: &net.IPNet{IP: v6.AsSlice(), Mask: net.CIDRMask(n.cfg.Subnet6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
 	has6 := !n.no6 && h.AddrAdd(inner, ip6) == nil
