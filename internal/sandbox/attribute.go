@@ -37,17 +37,17 @@ func (m *Manager) Attribute(sandbox, network string, src netip.AddrPort) (proces
 	if !ok {
 		return "", fmt.Sprintf("attribution rationed (more than %g connections and queries a second)", attributeRate)
 	}
-	pid := b.Pid()
-	inode, why := socketInode(pid, network, src)
+	// Only a box whose processes are the host's (the linux tier) has its
+	// sockets in the host's kernel.
+	pl, ok := b.(interface{ Procs() []int })
+	if !ok {
+		return "", "the sandbox's tier has a network stack of its own (gVisor's, or the VM's kernel), whose sockets den cannot see from the host"
+	}
+	inode, why := socketInode(b.Pid(), network, src)
 	if inode == "" {
 		return "", why
 	}
-	var hostPid int
-	if pl, ok := b.(interface{ Procs() []int }); ok {
-		hostPid = socketOwnerIn(pl.Procs(), inode)
-	} else {
-		hostPid = socketOwner(pid, inode)
-	}
+	hostPid := socketOwnerIn(pl.Procs(), inode)
 	if hostPid == 0 {
 		return "", "no process of the sandbox holds the socket any more (it was closed, or its process exited)"
 	}
@@ -192,33 +192,6 @@ func parseProcAddr(s string) (netip.AddrPort, bool) {
 		a = netip.AddrFrom4([4]byte(b[:4]))
 	}
 	return netip.AddrPortFrom(a, uint16(port)), true
-}
-
-// socketOwner is the host pid of a process in init's pid namespace
-// holding socket inode.
-func socketOwner(initPid int, inode string) int {
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", initPid))
-	if err != nil {
-		return 0
-	}
-	target := "socket:[" + inode + "]"
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == initPid {
-			continue
-		}
-		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); l != ns {
-			continue
-		}
-		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-		for _, fd := range fds {
-			if l, _ := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name())); l == target {
-				return pid
-			}
-		}
-	}
-	return 0
 }
 
 // socketOwnerIn is the pid among pids holding socket inode.

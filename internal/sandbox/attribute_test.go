@@ -6,7 +6,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
+
+	"github.com/den-dev/den/internal/isolate"
 )
 
 // socketInode finds this process's own UDP and TCP sockets by their local
@@ -92,3 +95,31 @@ func TestParseProcAddr(t *testing.T) {
 // nativeWord is b as the kernel prints it in /proc/net: a 32-bit word read
 // from memory in host byte order.
 func nativeWord(b [4]byte) uint32 { return binary.NativeEndian.Uint32(b[:]) }
+
+// otherTierBox is a running box whose processes and sockets are not the
+// host's (a gVisor or microVM box): it has no Procs.
+type otherTierBox struct{ isolate.Box }
+
+func (otherTierBox) Pid() int { return os.Getpid() }
+
+// When Attribute cannot name the process it says why: a sandbox not
+// running, a tier whose sockets den cannot see, attributions past the
+// ration.
+func TestAttributeSaysWhyNot(t *testing.T) {
+	m := &Manager{boxes: map[string]isolate.Box{"gv": otherTierBox{}}}
+	src := netip.MustParseAddrPort("10.88.0.2:40000")
+	if p, why := m.Attribute("gone", "tcp", src); p != "" || !strings.Contains(why, "not running") {
+		t.Errorf("no box: %q, %q", p, why)
+	}
+	var last string
+	for i := 0; i < int(attributeBurst); i++ {
+		p, why := m.Attribute("gv", "udp", src)
+		if p != "" || !strings.Contains(why, "network stack of its own") {
+			t.Fatalf("another tier: %q, %q", p, why)
+		}
+		last = why
+	}
+	if _, why := m.Attribute("gv", "udp", src); why == last || !strings.Contains(why, "rationed") {
+		t.Errorf("past the ration: %q", why)
+	}
+}
