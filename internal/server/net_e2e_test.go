@@ -1080,6 +1080,12 @@ func TestNetworkDenialsAttributed(t *testing.T) {
 	wantEvent(t, e, sb.ID, "the denied DNS query over UDP, attributed", both(byExec("python3"), func(ev egress.Event) bool {
 		return ev.Kind == egress.KindDNS && ev.Name == "other.test" && ev.Verdict == egress.VerdictDeny
 	}))
+	if got := dnsAsk(t, e, sb.ID, "2001:4860:4860::8888", "over-ipv6.test", 28); got != "5 0" {
+		t.Fatalf("denied name over IPv6: %q", got)
+	}
+	wantEvent(t, e, sb.ID, "the denied DNS query over IPv6, attributed", both(byExec("python3"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "over-ipv6.test" && ev.Verdict == egress.VerdictDeny
+	}))
 	if r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"getent", "ahostsv4", "denied-by-libc.test"}, Timeout: api.Duration(20 * time.Second)}); err != nil || r.ExitCode == 0 {
 		t.Fatalf("getent of a denied name: %v %+v", err, r)
 	}
@@ -1112,6 +1118,7 @@ print(r[5] & 0x0f)
 		{"the gateway", []string{"--noproxy", "*", "http://" + gw + ":22/"}, func(ev egress.Event) bool { return ev.Addr == gw && ev.Port == 22 }},
 		{"a private literal", []string{"--noproxy", "*", "http://10.1.2.3/"}, func(ev egress.Event) bool { return ev.Addr == "10.1.2.3" }},
 		{"the explicit proxy", []string{"http://other.test/"}, func(ev egress.Event) bool { return ev.Name == "other.test" && ev.Kind == egress.KindConnect }},
+		{"an IPv6 literal", []string{"--noproxy", "*", "-g", "http://[" + inet6Addr + "]:2222/"}, func(ev egress.Event) bool { return ev.Addr == inet6Addr && ev.Port == 2222 }},
 	} {
 		if out, code := curl(t, e, sb.ID, c.args...); code == 0 && strings.Contains(out, "hello") {
 			t.Fatalf("%s: reached: %s", c.what, out)
