@@ -70,8 +70,11 @@ var verbNetLog = &verb{
 	details: `Prints the sandbox's network events (type net.dns and net.connect), oldest
 first: when, what (dns or connect), the name queried or connected to (TLS SNI
 or HTTP Host), the address and port (for DNS the answers), allow or deny,
-the bytes sent and received, the process that made it (like p12 (curl ...),
-when den can tell; --json has its whole command line), and why. With -f den
+the bytes sent and received, the process that made it (like p12 (curl ...)
+for a command den started, pid 7 (wget) for another process; --json has its
+whole command line), and why. When den cannot tell the process (it closed
+its socket or exited before den looked, or den's lookups are rationed), the
+PROCESS column shows ? and the reason says why (ProcessUnknown in --json). With -f den
 then waits for new events and prints each as it comes, until Ctrl-C or, with
 --limit N, N events; without --since it prints only new events. With --json
 the events are printed as a JSON array (with -f, one JSON object a line).`,
@@ -428,8 +431,12 @@ func netRow(e *api.Event) []string {
 		}
 		return s
 	}
+	process, reason := dash(clip(d.Process, maxProcess)), d.Reason
+	if d.Process == "" && d.ProcessUnknown != "" {
+		process, reason = "?", reason+" (process unknown: "+d.ProcessUnknown+")"
+	}
 	return []string{t.Local().Format("2006-01-02 15:04:05"), dash(kind), dash(name), dash(addr), dash(d.Verdict), bytes,
-		dash(clip(d.Process, maxProcess)), d.Reason}
+		process, reason}
 }
 
 // maxProcess bounds the PROCESS column: a process's command line can be

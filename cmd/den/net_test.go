@@ -252,6 +252,8 @@ func TestNetLog(t *testing.T) {
 	f.netEvent(sb.ID, "connect", egressData(t, egress.Event{Time: at.Add(2 * time.Second), Sandbox: sb.ID, Kind: egress.KindConnect,
 		Addr: "2001:db8::1", Port: 80, Verdict: egress.VerdictDeny, Reason: "private address",
 		Process: "p3 (python3 -c import urllib.request; urllib.request.urlopen('http://[2001:db8::1]/'))"}))
+	f.netEvent(sb.ID, "dns", egressData(t, egress.Event{Time: at.Add(3 * time.Second), Sandbox: sb.ID, Kind: egress.KindDNS, Name: "gone.example", QType: "A",
+		Verdict: egress.VerdictDeny, Reason: "name not in allow list", ProcessUnknown: "the socket was closed before den looked"}))
 	f.netEvent(other.ID, "connect", egressData(t, egress.Event{Time: at, Sandbox: other.ID, Kind: egress.KindConnect, Name: "elsewhere.example", Port: 443}))
 
 	r := den(t, f, "", "net", "log", "box")
@@ -269,6 +271,8 @@ func TestNetLog(t *testing.T) {
 		`^2025-03-04 05:06:08\s+connect\s+example\.com\s+93\.184\.215\.14:443\s+allow\s+512B/3\.00MiB\s+p12 \(curl -s https://example\.com/\)\s+open mode$`,
 		// A long command line is cut.
 		`^2025-03-04 05:06:09\s+connect\s+-\s+\[2001:db8::1\]:80\s+deny\s+0B/0B\s+p3 \(python3 -c import urllib\.request; u…\s+private address$`,
+		// No process, and why.
+		`^2025-03-04 05:06:10\s+dns\s+gone\.example A\s+-\s+deny\s+-\s+\?\s+name not in allow list \(process unknown: the socket was closed before den looked\)$`,
 	}
 	if len(lines) != len(wants) {
 		t.Fatalf("net log printed %d lines, want %d:\n%s", len(lines), len(wants), r.stdout)
@@ -281,7 +285,7 @@ func TestNetLog(t *testing.T) {
 
 	r = den(t, f, "", "net", "log", "--json", "box")
 	var list []*api.Event
-	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 3 || list[0].Type != "net.dns" {
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 4 || list[0].Type != "net.dns" {
 		t.Errorf("net log --json: %+v", r)
 	}
 	if !strings.Contains(r.stdout, `"Process": "p3 (python3 -c import urllib.request; urllib.request.urlopen('http://[2001:db8::1]/'))"`) {

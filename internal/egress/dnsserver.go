@@ -109,11 +109,14 @@ func (h dnsHandler) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		ev.Verdict, ev.Reason, ev.Duration = verdict, reason, time.Since(start)
 		s.emitFor(x, ev)
 	}
+	// Each answer is sent after its event: the event waits for the
+	// attribution, which needs the querying socket, and a client that has
+	// its answer may close it at once.
 	refuse := func(reason string) {
 		m.SetRcode(r, dns.RcodeRefused)
 		m.RecursionAvailable = true
-		w.WriteMsg(m)
 		finish(VerdictDeny, reason)
+		w.WriteMsg(m)
 	}
 	if len(r.Question) > 0 {
 		q := r.Question[0]
@@ -130,7 +133,11 @@ func (h dnsHandler) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		return
 	}
 	ev.Sandbox = id
-	x = &session{id: id, pol: pol, attr: s.attribute(id, src)}
+	network := "udp"
+	if _, ok := w.RemoteAddr().(*net.TCPAddr); ok {
+		network = "tcp"
+	}
+	x = &session{id: id, pol: pol, attr: s.attribute(id, network, src)}
 	q := r.Question[0]
 	if q.Qclass != dns.ClassINET {
 		refuse("query class " + dns.ClassToString[q.Qclass] + " refused")
@@ -169,8 +176,8 @@ func (h dnsHandler) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		} else {
 			m.Rcode = dns.RcodeServerFailure
 		}
-		h.write(w, r, m)
 		finish(VerdictAllow, nameWhy+"; "+why)
+		h.write(w, r, m)
 		return
 	}
 	var answers []string
@@ -188,7 +195,6 @@ func (h dnsHandler) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		}
 		answers = append(answers, a.String())
 	}
-	h.write(w, r, m)
 	ev.Addr = strings.Join(answers, ",")
 	switch {
 	case len(addrs) == 0 && blocked > 0:
@@ -198,6 +204,7 @@ func (h dnsHandler) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	default:
 		finish(VerdictAllow, nameWhy)
 	}
+	h.write(w, r, m)
 }
 
 // write sends m, truncated to what the client can take over UDP.

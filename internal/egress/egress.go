@@ -102,12 +102,14 @@ type Config struct {
 	// always the host, ALPN http/1.1, and verification is always on.
 	UpstreamTLS *tls.Config
 	// Attribute names the process behind a connection or DNS query from
-	// sandbox at src (the sandbox-side address and port), for
-	// Event.Process. It is called, in its own goroutine, when the
-	// connection or query is accepted (while the sandbox's socket still
-	// exists); an Event waits for it at most 50 ms more, else goes
-	// without it. Optional.
-	Attribute func(sandbox string, src netip.AddrPort) string
+	// sandbox at src (the sandbox-side address and port of its socket;
+	// network is "tcp" or "udp"), for Event.Process, or says why it cannot
+	// (for Event.ProcessUnknown). It is called, in its own goroutine, when
+	// the connection or query is accepted. Whatever ends the sandbox's
+	// socket waits for it (at most attributeWait): a refusal (the
+	// connection closed, the DNS answer sent) only follows it, so the
+	// process is still there to be found. Optional.
+	Attribute func(sandbox, network string, src netip.AddrPort) (process, unknown string)
 }
 
 // Event is one audit record: a DNS query or a connection.
@@ -126,6 +128,10 @@ type Event struct {
 	Duration time.Duration // how long the query or connection lasted
 	SrcPort  int           // the sandbox-side source port (to attribute the connection to a process)
 	Process  string        // the process behind it, from Config.Attribute; "" when unknown
+	// ProcessUnknown says why Process is empty (the socket was gone, the
+	// attribution was rationed or too slow, the source is no sandbox…);
+	// "" when Process is set or no Config.Attribute is configured.
+	ProcessUnknown string `json:",omitempty"`
 }
 
 // Kinds and verdicts of Events.
@@ -323,53 +329,59 @@ func (s *Server) emit(e Event) {
 	}
 }
 
-// attributeWait bounds how long an Event waits for Config.Attribute.
-const attributeWait = 50 * time.Millisecond
+// attributeWait bounds how long an Event (and the refusal or answer that
+// follows it) waits for Config.Attribute.
+const attributeWait = 500 * time.Millisecond
 
 // attribution is a Config.Attribute call in progress.
 type attribution struct {
-	done   chan struct{}
-	proc   string      // set before done is closed
-	waited atomic.Bool // an Event already waited for it in vain
+	done    chan struct{}
+	proc    string      // set before done is closed
+	unknown string      // why proc is "", set before done is closed
+	waited  atomic.Bool // an Event already waited for it in vain
 }
 
 // attribute starts Config.Attribute for a connection or query of sandbox
-// id from src; nil without Attribute.
-func (s *Server) attribute(id string, src netip.AddrPort) *attribution {
+// id from src over network ("tcp" or "udp"); nil without Attribute.
+func (s *Server) attribute(id, network string, src netip.AddrPort) *attribution {
 	if s.cfg.Attribute == nil || id == "" {
 		return nil
 	}
 	a := &attribution{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
-		a.proc = s.cfg.Attribute(id, src)
+		a.proc, a.unknown = s.cfg.Attribute(id, network, src)
+		if a.proc == "" && a.unknown == "" {
+			a.unknown = "the attribution found nothing"
+		}
 	}()
 	return a
 }
 
-// result is the attribution, waiting for it at most attributeWait (once
-// per connection: later Events of a connection whose attribution timed
-// out do not wait again).
-func (a *attribution) result() string {
+// result is the attribution (the process, or why it is unknown), waiting
+// for it at most attributeWait (once per connection: later Events of a
+// connection whose attribution timed out do not wait again).
+func (a *attribution) result() (process, unknown string) {
 	if a == nil {
-		return ""
+		return "", ""
 	}
 	select {
 	case <-a.done:
-		return a.proc
+		return a.proc, a.unknown
 	default:
 	}
+	late := "the attribution took longer than " + attributeWait.String()
 	if a.waited.Load() {
-		return ""
+		return "", late
 	}
 	t := time.NewTimer(attributeWait)
 	defer t.Stop()
 	select {
 	case <-a.done:
-		return a.proc
+		return a.proc, a.unknown
 	case <-t.C:
 		a.waited.Store(true)
-		return ""
+		return "", late
 	}
 }
 
@@ -381,10 +393,27 @@ type session struct {
 	m    *meter
 }
 
-// emitFor emits ev with the session's attribution.
-func (s *Server) emitFor(x *session, ev Event) {
+// settle waits for the session's attribution (at most attributeWait):
+// called before a connection is relayed, so that its process cannot be
+// done with it, and gone, before den has found it.
+func (x *session) settle() {
 	if x != nil {
-		ev.Process = x.attr.result()
+		x.attr.result()
+	}
+}
+
+// noSession is Event.ProcessUnknown of an event from a source that is no
+// sandbox's: there is no sandbox to look for the process in.
+const noSession = "the source is not a sandbox's address"
+
+// emitFor emits ev with the session's attribution (x nil: the source is
+// no sandbox's).
+func (s *Server) emitFor(x *session, ev Event) {
+	switch {
+	case x != nil:
+		ev.Process, ev.ProcessUnknown = x.attr.result()
+	case s.cfg.Attribute != nil:
+		ev.ProcessUnknown = noSession
 	}
 	s.emit(ev)
 }

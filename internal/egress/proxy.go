@@ -84,7 +84,7 @@ func (s *Server) handleProxy(c net.Conn) {
 		return
 	}
 	base.Sandbox = id
-	x = &session{id: id, pol: pol, attr: s.attribute(id, src)}
+	x = &session{id: id, pol: pol, attr: s.attribute(id, "tcp", src)}
 	m, why := s.openMeter(id, pol.MaxEgressBytes)
 	defer s.closeMeter(m)
 	x.m = m
@@ -259,6 +259,7 @@ func (s *Server) proxyConnect(x *session, c net.Conn, br *bufio.Reader, req *htt
 	if _, isIP := ParseIP(host); !isIP {
 		secrets = x.pol.secretsFor(ev.Name)
 	}
+	x.settle()
 	up, err := s.dialChecked(ap)
 	if err != nil {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; upstream: "+err.Error(), time.Since(ev.Time)
@@ -385,6 +386,7 @@ func (s *Server) proxyForward(x *session, c net.Conn, req *http.Request, ev Even
 			why += "; " + notInjected(secrets, "plain HTTP, the secret would cross in clear")
 		}
 	}
+	x.settle()
 	up, err := s.dialChecked(ap)
 	if err != nil {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, why+"; upstream: "+err.Error(), time.Since(ev.Time)

@@ -43,6 +43,12 @@ func (s *Server) handleTransparent(c net.Conn) {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(start)
 		s.emitFor(x, ev)
 	}
+	// The sandbox first, so that every denial below has its process.
+	id, pol, known := s.lookup(src.Addr())
+	if known {
+		ev.Sandbox = id
+		x = &session{id: id, pol: pol, attr: s.attribute(id, "tcp", src)}
+	}
 	dst, err := s.cfg.OriginalDst(c)
 	if err != nil {
 		deny(err.Error())
@@ -50,13 +56,10 @@ func (s *Server) handleTransparent(c net.Conn) {
 	}
 	dst = netip.AddrPortFrom(normAddr(dst.Addr()), dst.Port())
 	ev.Addr, ev.Port = dst.Addr().String(), int(dst.Port())
-	id, pol, ok := s.lookup(src.Addr())
-	if !ok {
+	if !known {
 		deny("unknown source " + src.Addr().String())
 		return
 	}
-	ev.Sandbox = id
-	x = &session{id: id, pol: pol, attr: s.attribute(id, src)}
 	m, why := s.openMeter(id, pol.MaxEgressBytes)
 	defer s.closeMeter(m)
 	x.m = m
@@ -131,6 +134,7 @@ func (s *Server) handleTransparent(c net.Conn) {
 		}
 	}
 	ev.Addr = target.Addr().String()
+	x.settle()
 	up, err := s.dialChecked(target)
 	if err != nil {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictAllow, reason+"; upstream: "+err.Error(), time.Since(start)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -14,45 +15,60 @@ import (
 	"github.com/den-dev/den/internal/isolate"
 )
 
-// Attribute names the process of a sandbox that owns the TCP connection
-// from src (the sandbox side of a connection den's proxy accepted): the
-// socket's inode from the sandbox's /proc/net/tcp, the process holding it,
-// its process group, and the agent's process of that group. "" when it
-// cannot tell (the socket is gone, or a process outside the agent's).
+// Attribute names the process of a sandbox that owns the socket at src
+// (the sandbox side of a connection den's proxy accepted, network "tcp",
+// or of a DNS query den's DNS received, "udp"): the socket's inode from
+// the sandbox's /proc/net/{tcp,tcp6} or {udp,udp6}, the process holding
+// it, its process group, and the agent's process of that group. When it
+// cannot tell, process is "" and unknown says why (the socket is gone,
+// no process holds it, the attribution is rationed, …).
 //
 // It costs a few reads of /proc, so it is rationed: at most
 // attributeRate per second per sandbox (a burst of attributeBurst); past
 // that a connection goes unattributed rather than slowing the proxy.
-func (m *Manager) Attribute(sandbox string, src netip.AddrPort) string {
+func (m *Manager) Attribute(sandbox, network string, src netip.AddrPort) (process, unknown string) {
 	m.mu.Lock()
 	b := m.boxes[sandbox]
 	ok := m.attributeToken(sandbox)
 	m.mu.Unlock()
-	if b == nil || !ok {
-		return ""
+	if b == nil {
+		return "", "the sandbox is not running"
 	}
-	pid := b.Pid()
-	inode := socketInode(pid, src.Port())
+	if !ok {
+		return "", fmt.Sprintf("attribution rationed (more than %g connections and queries a second)", attributeRate)
+	}
+	// Only a box whose processes are the host's (the linux tier) has its
+	// sockets in the host's kernel.
+	pl, ok := b.(interface{ Procs() []int })
+	if !ok {
+		return "", "the sandbox's tier has a network stack of its own (gVisor's, or the VM's kernel), whose sockets den cannot see from the host"
+	}
+	inode, why := socketInode(b.Pid(), network, src)
 	if inode == "" {
-		return ""
+		return "", why
 	}
-	var hostPid int
-	if pl, ok := b.(interface{ Procs() []int }); ok {
-		hostPid = socketOwnerIn(pl.Procs(), inode)
-	} else {
-		hostPid = socketOwner(pid, inode)
-	}
+	hostPid := socketOwnerIn(pl.Procs(), inode)
 	if hostPid == 0 {
-		return ""
+		return "", "no process of the sandbox holds the socket any more (it was closed, or its process exited)"
 	}
+	// What names the process is read now: it may be gone by the time the
+	// agent answers.
 	pgid := statField(hostPid, 5) // host pid of the process group leader
 	nsPgid := nsPid(pgid)
-	for _, p := range m.agentProcs(sandbox, b) {
-		if p.Pid == nsPgid && p.State == api.ProcRunning {
-			return fmt.Sprintf("%s (%s)", p.ID, strings.Join(p.Cmd, " "))
+	byPid := fmt.Sprintf("pid %d (%s)", nsPid(hostPid), comm(hostPid))
+	// The recent list first; a process started since is looked up afresh.
+	for _, fresh := range []bool{false, true} {
+		procs, cached := m.agentProcs(sandbox, b, fresh)
+		for _, p := range procs {
+			if p.Pid == nsPgid && p.State == api.ProcRunning {
+				return fmt.Sprintf("%s (%s)", p.ID, strings.Join(p.Cmd, " ")), ""
+			}
+		}
+		if !cached {
+			break
 		}
 	}
-	return fmt.Sprintf("pid %d (%s)", nsPid(hostPid), comm(hostPid))
+	return byPid, ""
 }
 
 const (
@@ -86,24 +102,25 @@ func (m *Manager) attributeToken(id string) bool {
 }
 
 // procCache keeps each sandbox's process list briefly: attribution runs
-// for every connection and must stay cheap.
+// for every connection and query and must stay cheap.
 type procCache struct {
 	at    time.Time
 	procs []api.ProcessInfo
 }
 
-func (m *Manager) agentProcs(id string, b isolate.Box) []api.ProcessInfo {
+// agentProcs is the agent's process list of sandbox id: the one kept
+// from the last second (cached true) unless fresh, else the agent's.
+func (m *Manager) agentProcs(id string, b isolate.Box, fresh bool) (procs []api.ProcessInfo, cached bool) {
 	m.mu.Lock()
 	c, ok := m.procCache[id]
 	m.mu.Unlock()
-	if ok && time.Since(c.at) < time.Second {
-		return c.procs
+	if ok && !fresh && time.Since(c.at) < time.Second {
+		return c.procs, true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	var procs []api.ProcessInfo
 	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err != nil {
-		return nil
+		return nil, false
 	}
 	m.mu.Lock()
 	if m.procCache == nil {
@@ -111,53 +128,70 @@ func (m *Manager) agentProcs(id string, b isolate.Box) []api.ProcessInfo {
 	}
 	m.procCache[id] = procCache{time.Now(), procs}
 	m.mu.Unlock()
-	return procs
+	return procs, false
 }
 
-// socketInode finds the inode of the TCP socket bound to port in the
-// network namespace of pid.
-func socketInode(pid int, port uint16) string {
-	want := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"tcp", "tcp6"} {
+// socketInode finds the inode of the socket of network ("tcp" or "udp")
+// whose local address is src in the network namespace of pid (for UDP, an
+// unbound address on src's port too: a query sent from a socket that was
+// never connected). why says why there is none.
+func socketInode(pid int, network string, src netip.AddrPort) (inode, why string) {
+	closed, read := false, 0
+	for _, f := range []string{network, network + "6"} {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
-		if err != nil {
+		if err != nil { // no IPv6 on this host: no tcp6 (the box's pid gone: neither)
 			continue
 		}
+		read++
 		for _, line := range strings.Split(string(b), "\n")[1:] {
 			fs := strings.Fields(line)
-			if len(fs) > 9 && strings.HasSuffix(fs[1], want) {
-				return fs[9]
+			if len(fs) <= 9 {
+				continue
 			}
+			local, ok := parseProcAddr(fs[1])
+			if !ok || local.Port() != src.Port() {
+				continue
+			}
+			if a := local.Addr().Unmap(); a != src.Addr().WithZone("").Unmap() && !(network == "udp" && a.IsUnspecified()) {
+				continue
+			}
+			if fs[9] == "0" { // closed, in TIME_WAIT or the like: no file any more
+				closed = true
+				continue
+			}
+			return fs[9], ""
 		}
 	}
-	return ""
+	switch {
+	case read == 0:
+		return "", "cannot read the sandbox's sockets in /proc"
+	case closed:
+		return "", "the socket was closed before den looked"
+	}
+	return "", "no such socket in the sandbox (it was closed before den looked, or the process exited)"
 }
 
-// socketOwner is the host pid of a process in init's pid namespace
-// holding socket inode.
-func socketOwner(initPid int, inode string) int {
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", initPid))
-	if err != nil {
-		return 0
+// parseProcAddr reads an address of /proc/net/{tcp,udp}[6]: hexadecimal
+// 32-bit words in host byte order, a colon and the port in hexadecimal.
+func parseProcAddr(s string) (netip.AddrPort, bool) {
+	h, p, ok := strings.Cut(s, ":")
+	port, err := strconv.ParseUint(p, 16, 16)
+	if !ok || err != nil || (len(h) != 8 && len(h) != 32) {
+		return netip.AddrPort{}, false
 	}
-	target := "socket:[" + inode + "]"
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == initPid {
-			continue
+	var b [16]byte
+	for i := 0; i < len(h)/8; i++ {
+		w, err := strconv.ParseUint(h[8*i:8*i+8], 16, 32)
+		if err != nil {
+			return netip.AddrPort{}, false
 		}
-		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); l != ns {
-			continue
-		}
-		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-		for _, fd := range fds {
-			if l, _ := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name())); l == target {
-				return pid
-			}
-		}
+		binary.NativeEndian.PutUint32(b[4*i:], uint32(w))
 	}
-	return 0
+	a := netip.AddrFrom16(b)
+	if len(h) == 8 {
+		a = netip.AddrFrom4([4]byte(b[:4]))
+	}
+	return netip.AddrPortFrom(a, uint16(port)), true
 }
 
 // socketOwnerIn is the pid among pids holding socket inode.

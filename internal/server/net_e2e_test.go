@@ -754,7 +754,7 @@ func wantEvent(t *testing.T, e *env, id, what string, match func(egress.Event) b
 	}
 	var b strings.Builder
 	for _, ev := range evs {
-		fmt.Fprintf(&b, "  %s %s %s:%d %s: %s\n", ev.Kind, ev.Name, ev.Addr, ev.Port, ev.Verdict, ev.Reason)
+		fmt.Fprintf(&b, "  %s %s %s %s:%d %s: %s [process %q, unknown %q]\n", ev.Kind, ev.Name, ev.QType, ev.Addr, ev.Port, ev.Verdict, ev.Reason, ev.Process, ev.ProcessUnknown)
 	}
 	t.Fatalf("no event for %s in:\n%s", what, b.String())
 }
@@ -1045,5 +1045,265 @@ print("again:", via("` + inetAddr + `:80", "allowed.test"))
 	// The sandbox keeps working, directly too.
 	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
 		t.Fatalf("the sandbox stopped working: %d %s", code, out)
+	}
+}
+
+// Denials name the process that made them, as allowed connections do: DNS
+// queries refused (over UDP, from a resolver that closes its socket as soon
+// as it has the answer, and over TCP) and connections refused at once. An
+// event whose process cannot be found says why.
+func TestNetworkDenialsAttributed(t *testing.T) {
+	e, in := newNetEnv(t)
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"}}})
+	// byExec matches an event attributed to the agent's process running cmd.
+	byExec := func(cmd string) func(egress.Event) bool {
+		return func(ev egress.Event) bool {
+			id, rest, _ := strings.Cut(ev.Process, " (")
+			_, err := strconv.Atoi(strings.TrimPrefix(id, "p"))
+			return strings.HasPrefix(id, "p") && err == nil && strings.HasPrefix(rest, cmd+" ") && ev.ProcessUnknown == ""
+		}
+	}
+	both := func(a, b func(egress.Event) bool) func(egress.Event) bool {
+		return func(ev egress.Event) bool { return a(ev) && b(ev) }
+	}
+	// The control: an allowed connection names its exec.
+	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
+		t.Fatalf("allowed name: %d %s", code, out)
+	}
+	wantEvent(t, e, sb.ID, "the allowed connection, attributed", both(byExec("curl"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindConnect && ev.Name == "allowed.test" && ev.Verdict == egress.VerdictAllow
+	}))
+	// DNS: a denied name over UDP (python, as dnsAsk does), the C library's
+	// resolver (getent), and over TCP.
+	if got := dnsAsk(t, e, sb.ID, "8.8.8.8", "other.test", 1); got != "5 0" {
+		t.Fatalf("denied name: %q", got)
+	}
+	wantEvent(t, e, sb.ID, "the denied DNS query over UDP, attributed", both(byExec("python3"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "other.test" && ev.Verdict == egress.VerdictDeny
+	}))
+	if got := dnsAsk(t, e, sb.ID, "2001:4860:4860::8888", "over-ipv6.test", 28); got != "5 0" {
+		t.Fatalf("denied name over IPv6: %q", got)
+	}
+	wantEvent(t, e, sb.ID, "the denied DNS query over IPv6, attributed", both(byExec("python3"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "over-ipv6.test" && ev.Verdict == egress.VerdictDeny
+	}))
+	if r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"getent", "ahostsv4", "denied-by-libc.test"}, Timeout: api.Duration(20 * time.Second)}); err != nil || r.ExitCode == 0 {
+		t.Fatalf("getent of a denied name: %v %+v", err, r)
+	}
+	wantEvent(t, e, sb.ID, "the C library's denied query, attributed", both(byExec("getent"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "denied-by-libc.test" && ev.Verdict == egress.VerdictDeny
+	}))
+	tcpQuery := `
+import socket, struct
+q = struct.pack(">HHHHHH", 7, 0x0100, 1, 0, 0, 0) + b"\x0aover-tcp-x\x04test\x00" + struct.pack(">HH", 1, 1)
+s = socket.create_connection(("8.8.8.8", 53), 5)
+s.sendall(struct.pack(">H", len(q)) + q)
+r = s.recv(512)
+print(r[5] & 0x0f)
+`
+	if r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"python3", "-c", tcpQuery}, Timeout: api.Duration(20 * time.Second)}); err != nil || strings.TrimSpace(string(r.Stdout)) != "5" {
+		t.Fatalf("DNS over TCP: %v %s%s", err, r.Stdout, r.Stderr)
+	}
+	wantEvent(t, e, sb.ID, "the denied DNS query over TCP, attributed", both(byExec("python3"), func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "over-tcp-x.test" && ev.Verdict == egress.VerdictDeny
+	}))
+	// Connections refused at once: the gateway (refused before anything
+	// is read), a private address literal (after the request is read),
+	// and a denied name through the explicit proxy.
+	gw := in.nw.Gateway().String()
+	for _, c := range []struct {
+		what  string
+		args  []string
+		match func(egress.Event) bool
+	}{
+		{"the gateway", []string{"--noproxy", "*", "http://" + gw + ":22/"}, func(ev egress.Event) bool { return ev.Addr == gw && ev.Port == 22 }},
+		{"a private literal", []string{"--noproxy", "*", "http://10.1.2.3/"}, func(ev egress.Event) bool { return ev.Addr == "10.1.2.3" }},
+		{"the explicit proxy", []string{"http://other.test/"}, func(ev egress.Event) bool { return ev.Name == "other.test" && ev.Kind == egress.KindConnect }},
+		{"an IPv6 literal", []string{"--noproxy", "*", "-g", "http://[" + inet6Addr + "]:2222/"}, func(ev egress.Event) bool { return ev.Addr == inet6Addr && ev.Port == 2222 }},
+	} {
+		if out, code := curl(t, e, sb.ID, c.args...); code == 0 && strings.Contains(out, "hello") {
+			t.Fatalf("%s: reached: %s", c.what, out)
+		}
+		wantEvent(t, e, sb.ID, c.what+", denied and attributed", both(byExec("curl"), func(ev egress.Event) bool {
+			return ev.Kind == egress.KindConnect && ev.Verdict == egress.VerdictDeny && ev.Reason != "" && c.match(ev)
+		}))
+	}
+	// A query whose process does not wait for the answer: whether den
+	// found it or not, the event is never silently without a process.
+	fire := `
+import socket, struct
+q = struct.pack(">HHHHHH", 9, 0x0100, 1, 0, 0, 0) + b"\x0bfire-forget\x04test\x00" + struct.pack(">HH", 1, 1)
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(q, ("8.8.8.8", 53))
+`
+	if r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"python3", "-c", fire}, Timeout: api.Duration(20 * time.Second)}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("fire and forget: %v %s", err, r.Stderr)
+	}
+	wantEvent(t, e, sb.ID, "the query of a process that left, with its process or why not", func(ev egress.Event) bool {
+		return ev.Kind == egress.KindDNS && ev.Name == "fire-forget.test" && (ev.Process != "") != (ev.ProcessUnknown != "")
+	})
+}
+
+// Every TCP connection a sandbox opens to the host over the bridge is
+// refused and logged in the sandbox's log, with its reason and process:
+// the gateway's IPv4 and IPv6 addresses and the bridge's IPv6 link-local
+// address, on a port where the host listens and on den's own DNS and
+// proxy ports.
+func TestNetworkGatewayRefusalsLogged(t *testing.T) {
+	e, in := newNetEnv(t)
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetOpen}})
+	bridge := fmt.Sprintf("dent%d", os.Getpid()%100000)
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bridge's link-local address, once its duplicate detection is
+	// over (the sandbox's port brought the bridge up).
+	var ll netip.Addr
+	for i := 0; !ll.IsValid(); i++ {
+		addrs, _ := netlink.AddrList(br, netlink.FAMILY_V6)
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				ll, _ = netip.AddrFromSlice(a.IP)
+			}
+		}
+		if i == 100 {
+			t.Skipf("the bridge has no IPv6 link-local address (this host makes none): %v", addrs)
+		}
+		if !ll.IsValid() {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// And the sandbox's own addresses all usable (a link-local address of
+	// its own, were there one, past its duplicate detection: a connection
+	// to a link-local address would leave from it).
+	ns, err := netns.GetFromPid(sb.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	nh, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	for i := 0; ; i++ {
+		eth, err := nh.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, _ := nh.AddrList(eth, netlink.FAMILY_V6)
+		tentative := false
+		for _, a := range addrs {
+			tentative = tentative || a.Flags&unix.IFA_F_TENTATIVE != 0
+		}
+		if !tentative {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("the sandbox's IPv6 addresses stay tentative: %v", addrs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Listeners of the host's on the three addresses, one port.
+	ln4, err := net.Listen("tcp4", net.JoinHostPort(in.nw.Gateway().String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln4.Addr().(*net.TCPAddr).Port
+	targets := []string{in.nw.Gateway().String(), in.nw.Gateway6().String(), ll.String()}
+	hostAddr := map[string]string{targets[2]: ll.WithZone(bridge).String()}
+	accepted := make(chan string, 100)
+	for i, a := range targets {
+		ln := ln4
+		if i > 0 {
+			h := a
+			if z, ok := hostAddr[a]; ok {
+				h = z
+			}
+			if ln, err = net.Listen("tcp6", net.JoinHostPort(h, strconv.Itoa(port))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted <- c.RemoteAddr().String()
+				c.Close()
+			}
+		}()
+	}
+	// The control: the host reaches each.
+	for _, a := range targets {
+		h := a
+		if z, ok := hostAddr[a]; ok {
+			h = z
+		}
+		c, err := net.Dial("tcp", net.JoinHostPort(h, strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("control: the host cannot reach its own listener on %s: %v", h, err)
+		}
+		c.Close()
+		<-accepted
+	}
+	// The sandbox tries each: a listening port, den's DNS and transparent
+	// proxy ports. (The HTTP proxy's port on the gateway is the explicit
+	// proxy, which the sandbox may use.)
+	transparent, dnsPort, _ := in.nw.Ports()
+	probe := `
+import socket, sys
+for target in sys.argv[1:]:
+    host, _, port = target.rpartition(":")
+    try:
+        s = socket.create_connection((host, int(port)), 5)
+        s.settimeout(5)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        got = s.recv(100)
+        print(target, "open " + repr(got) if got else "refused")
+    except OSError as e:
+        print(target, "refused", e.__class__.__name__)
+`
+	type attempt struct {
+		addr string
+		port int
+	}
+	var tries []attempt
+	args := []string{"python3", "-c", probe}
+	for _, a := range targets {
+		for _, p := range []int{port, dnsPort, transparent} {
+			tries = append(tries, attempt{a, p})
+			h := a
+			if a == ll.String() {
+				h = ll.WithZone("eth0").String()
+			}
+			args = append(args, h+":"+strconv.Itoa(p))
+		}
+	}
+	r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: args, Timeout: api.Duration(60 * time.Second)})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("probe: %v %s%s", err, r.Stdout, r.Stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(string(r.Stdout)), "\n")
+	if len(lines) != len(tries) {
+		t.Fatalf("probe printed %d lines for %d targets:\n%s%s", len(lines), len(tries), r.Stdout, r.Stderr)
+	}
+	for _, l := range lines {
+		if !strings.Contains(l, " refused") {
+			t.Errorf("the sandbox reached the host: %s", l)
+		}
+	}
+	select {
+	case from := <-accepted:
+		t.Fatalf("a host listener accepted a connection from %s", from)
+	default:
+	}
+	for _, a := range tries {
+		wantEvent(t, e, sb.ID, fmt.Sprintf("the refusal of %s port %d", a.addr, a.port), func(ev egress.Event) bool {
+			return ev.Kind == egress.KindConnect && ev.Addr == a.addr && ev.Port == a.port && ev.Verdict == egress.VerdictDeny &&
+				strings.Contains(ev.Reason, "is the host") && strings.HasPrefix(ev.Process, "p") && strings.Contains(ev.Process, "(python3 ")
+		})
 	}
 }

@@ -123,6 +123,30 @@ table inet {{.Table}} {
 }
 `))
 
+// NoLinkLocal turns off IPv6 link-local addresses on a sandbox's
+// interface l (through h, a handle in its namespace) and removes any it
+// has. A connection to the bridge's fe80:: address would leave from one,
+// which names no sandbox, and den's proxy could only refuse it as from an
+// unknown source, outside the sandbox's log; without one it leaves from
+// the sandbox's own address and is refused and logged like any connection
+// to the host. Neighbour discovery does not need it (the sandbox's address
+// answers), nor does anything else on a bridge without router adverts.
+func NoLinkLocal(h *netlink.Handle, l netlink.Link) error {
+	const addrGenModeNone = 1 // IN6_ADDR_GEN_MODE_NONE
+	if err := h.LinkSetIP6AddrGenMode(l, addrGenModeNone); err != nil {
+		return fmt.Errorf("turn off IPv6 link-local addresses on %s: %w", l.Attrs().Name, err)
+	}
+	addrs, _ := h.AddrList(l, netlink.FAMILY_V6)
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() {
+			if err := h.AddrDel(l, &a); err != nil {
+				return fmt.Errorf("remove %s from %s: %w", a.IPNet, l.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
+}
+
 // NewNetwork creates (or adopts) the bridge and installs the rules. The
 // UDP allowances of sandboxes still running from a previous daemon are
 // kept.
@@ -378,6 +402,11 @@ func (n *Network) attach(ns netns.NsHandle, slot int) (netip.Addr, error) {
 	// IPv6: the slot's address (no duplicate detection: the address is the
 	// slot's alone, and DAD would hold it back for a second), and a default
 	// route through the gateway. A namespace whose IPv6 is off keeps IPv4.
+	if !n.no6 {
+		if err := NoLinkLocal(h, inner); err != nil {
+			return addr, err
+		}
+	}
 	v6 := n.v6(addr)
 	ip6 := &netlink.Addr{IPNet: &net.IPNet{IP: v6.AsSlice(), Mask: net.CIDRMask(n.cfg.Subnet6.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
 	has6 := !n.no6 && h.AddrAdd(inner, ip6) == nil

@@ -311,15 +311,6 @@ func applyIdentity(id *guestIdentity) error {
 		if err := netlink.LinkSetHardwareAddr(eth, mac); err != nil {
 			return fmt.Errorf("set the MAC: %w", err)
 		}
-		// The IPv6 link-local address follows the MAC (EUI-64).
-		addrs, _ := netlink.AddrList(eth, netlink.FAMILY_V6)
-		for _, a := range addrs {
-			if a.Scope == unix.RT_SCOPE_LINK {
-				netlink.AddrDel(eth, &a)
-			}
-		}
-		ll := net.IP{0xfe, 0x80, 0, 0, 0, 0, 0, 0, mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]}
-		netlink.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: ll, Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
 		if eth, err = netlink.LinkByName("eth0"); err != nil {
 			return err
 		}
@@ -537,6 +528,12 @@ func configureEth(eth netlink.Link, n *guestNet) error {
 		}
 		if err := netlink.AddrAdd(eth, a); err != nil {
 			return fmt.Errorf("address %s: %w", a.IPNet, err)
+		}
+	}
+	// No link-local address, as on the linux tier (see linux.NoLinkLocal).
+	if n.GW6 != "" {
+		if err := linux.NoLinkLocal(&netlink.Handle{}, eth); err != nil {
+			return err
 		}
 	}
 	if err := netlink.LinkSetUp(eth); err != nil {
