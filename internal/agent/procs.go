@@ -306,7 +306,7 @@ func (a *Agent) handleSignal(w http.ResponseWriter, r *http.Request) {
 		p.service.stop() // a kill through the API is final for a service
 	}
 	// A finished process's signal goes to what it left running (its tree).
-	if isDone(p) && p.service == nil && len(readProcs().tree(p)) == 0 {
+	if isDone(p) && p.service == nil && !leftAlive(p) {
 		WriteError(w, api.Errorf(api.KindConflict, "process %s has already exited and left no process running", p.ID))
 		return
 	}

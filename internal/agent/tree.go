@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 // A process's tree is everything it started that still lives, wherever it
@@ -143,9 +144,9 @@ const maxStopRounds = 100
 // child the kill would miss (a fork with a signal pending is aborted), and
 // then kills what it stopped.
 func signalTree(p *Process, sig syscall.Signal) error {
-	running := !isDone(p) // a finished command's group id may be another's now
+	hasGroup := groupAlive(p)
 	group := func(sig syscall.Signal) error {
-		if !running {
+		if !hasGroup {
 			return nil
 		}
 		return syscall.Kill(-p.Pid, sig)
@@ -158,25 +159,70 @@ func signalTree(p *Process, sig syscall.Signal) error {
 		return err
 	}
 	err := group(syscall.SIGSTOP)
+	// Stop what the readings find until two in a row find nothing new (a
+	// reading of /proc while processes come and go may miss one).
 	stopped := map[int]bool{}
-	for round := 0; round < maxStopRounds; round++ {
-		grew := false
+	quiet := 0
+	for round := 0; round < maxStopRounds && quiet < 2; round++ {
+		quiet++
 		for _, pid := range readProcs().tree(p) {
 			if !stopped[pid] {
 				syscall.Kill(pid, syscall.SIGSTOP)
-				stopped[pid], grew = true, true
+				stopped[pid], quiet = true, 0
 			}
-		}
-		if !grew {
-			break
 		}
 	}
 	group(syscall.SIGKILL)
 	for pid := range stopped {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
+	// Wait until the tree is empty and what was killed is reaped (until
+	// then it counts against the pids limit: a command started right after
+	// the kill of a fork bomb would fail), killing any the readings missed.
+	for deadline := time.Now().Add(killWait); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		left := false
+		for _, pid := range readProcs().tree(p) {
+			if !stopped[pid] {
+				syscall.Kill(pid, syscall.SIGKILL)
+				stopped[pid] = true
+			}
+			left = true
+		}
+		for pid := range stopped {
+			if syscall.Kill(pid, 0) == nil {
+				left = true
+				break
+			}
+		}
+		if !left {
+			break
+		}
+	}
 	if errors.Is(err, syscall.ESRCH) && len(stopped) > 0 {
 		err = nil // the group was gone, not its tree
 	}
 	return err
 }
+
+// groupAlive reports whether p's process group is there to signal: while
+// p runs, or after it ended when processes it left are still in the group
+// (the group's id, p's pid, is then taken: no new process gets it; and if
+// a process has that pid, the group is that process's now).
+func groupAlive(p *Process) bool {
+	if !isDone(p) {
+		return true
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(p.Pid)); err == nil {
+		return false
+	}
+	return syscall.Kill(-p.Pid, 0) == nil
+}
+
+// leftAlive reports whether a finished p left processes running.
+func leftAlive(p *Process) bool {
+	return groupAlive(p) || len(readProcs().tree(p)) > 0
+}
+
+// killWait bounds how long a kill waits for the processes it killed to be
+// reaped.
+const killWait = 5 * time.Second
