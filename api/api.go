@@ -324,6 +324,11 @@ type ProcessInfo struct {
 	Exit     *ExitStatus `json:"exit,omitempty"`
 	// Output is the total bytes written to stdout and stderr so far.
 	Output int64 `json:"output"`
+	// Descendants are the pids of the live processes the process started,
+	// also those that left its process group or session (setsid) or
+	// outlived it (a daemon): a kill of the process, and its timeout, end
+	// them too.
+	Descendants []int `json:"descendants,omitempty"`
 }
 
 // SignalRequest is the body of POST .../processes/{proc}/kill.

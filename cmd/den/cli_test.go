@@ -882,6 +882,8 @@ func TestPs(t *testing.T) {
 	p2 := start(t, f, "box", "exit", "3")
 	p3 := start(t, f, "box", "die", "TERM")
 	p4 := start(t, f, "box", "sh", "-c", "echo 'a b'")
+	p5 := start(t, f, "box", "daemons", "2")
+	p6 := start(t, f, "box", "daemons", "6")
 	start(t, f, other.ID, "sleep", "5")
 
 	r := den(t, f, "", "ps", "box")
@@ -889,15 +891,17 @@ func TestPs(t *testing.T) {
 		t.Fatalf("ps: %+v", r)
 	}
 	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
-	if len(lines) != 5 {
+	if len(lines) != 7 {
 		t.Fatalf("ps printed %d lines:\n%s", len(lines), r.stdout)
 	}
 	for i, want := range []string{
-		`^PROC\s+NAME\s+PID\s+STATE\s+EXIT\s+RESTARTS\s+STARTED\s+ENDED\s+COMMAND$`,
+		`^PROC\s+NAME\s+PID\s+STATE\s+EXIT\s+RESTARTS\s+STARTED\s+ENDED\s+DESCENDANTS\s+COMMAND$`,
 		`^` + p1 + `\s+101\s+running\s+2 minutes ago\s+sleep 100$`,
 		`^` + p2 + `\s+102\s+exited\s+3\s+2 minutes ago\s+Less than a second ago\s+exit 3$`,
 		`^` + p3 + `\s+103\s+exited\s+SIGTERM\s+2 minutes ago\s+Less than a second ago\s+die TERM$`,
 		`^` + p4 + `\s+104\s+exited\s+failed\s+2 minutes ago\s+Less than a second ago\s+sh -c 'echo '\\''a b'\\'''$`,
+		`^` + p5 + `\s+105\s+running\s+2 minutes ago\s+200,201\s+daemons 2$`,
+		`^` + p6 + `\s+106\s+running\s+2 minutes ago\s+200,201,202,203 \+2\s+daemons 6$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(lines[i]) {
 			t.Errorf("ps line %d %q does not match %s", i, lines[i], want)
@@ -906,10 +910,10 @@ func TestPs(t *testing.T) {
 
 	r = den(t, f, "", "ps", "--json", "box")
 	var list []*api.ProcessInfo
-	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 4 || list[0].ID != p1 || list[1].Exit == nil || list[1].Exit.ExitCode != 3 {
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 6 || list[0].ID != p1 || list[1].Exit == nil || list[1].Exit.ExitCode != 3 || len(list[5].Descendants) != 6 {
 		t.Errorf("ps --json: %v\n%s", err, r.stdout)
 	}
-	if r := den(t, f, "", "ps", "-q", "box"); r.stdout != strings.Join([]string{p1, p2, p3, p4}, "\n")+"\n" {
+	if r := den(t, f, "", "ps", "-q", "box"); r.stdout != strings.Join([]string{p1, p2, p3, p4, p5, p6}, "\n")+"\n" {
 		t.Errorf("ps -q: %+v", r)
 	}
 	fresh := f.addSandbox(api.CreateRequest{Name: "fresh"})

@@ -716,6 +716,11 @@ func (f *fakeDaemon) startProc(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch req.Cmd[0] {
 	case "sleep":
+	case "daemons": // runs on with processes it started: daemons N
+		k, _ := strconv.Atoi(req.Cmd[1])
+		for i := range k {
+			p.info.Descendants = append(p.info.Descendants, 200+i)
+		}
 	case "cat":
 		if req.Stdin != nil {
 			f.procOutput(p, api.FrameStdout, req.Stdin)

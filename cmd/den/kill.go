@@ -10,7 +10,9 @@ var verbKill = &verb{
 	name:     "kill",
 	summary:  "send a signal to background processes",
 	synopsis: "[flags] ID PROC...",
-	details: `The signal goes to each process's whole process group. SIGNAL is a name
+	details: `The signal goes to each process's whole tree: its process group and the
+descendants that left it (setsid) or outlived it (see DESCENDANTS in den ps);
+for a process that has exited, to what it left running. SIGNAL is a name
 with or without SIG (TERM, SIGINT) or a number; the default is KILL. den
 prints each PROC it signalled.`,
 	example: `den kill web p1

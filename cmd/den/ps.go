@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/den-dev/den/api"
@@ -17,7 +18,10 @@ var verbPs = &verb{
 	details: `Lists the processes started with den exec -d, running and recently finished,
 oldest first. EXIT is the exit code, or the signal, timeout, oom or failed.
 NAME is the name given with den exec -d --name; RESTARTS, for a service
-(den exec -d --restart), how often it was started again, and its policy.`,
+(den exec -d --restart), how often it was started again, and its policy.
+DESCENDANTS are the pids of the live processes it started, also those that
+called setsid or outlived it (a daemon left by a finished exec): den kill
+ends them with it.`,
 	example: `den ps web
 		den ps --json web`,
 	run: cmdPs,
@@ -52,15 +56,15 @@ func cmdPs(c *cli, v *verb, args []string) error {
 		return nil
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "PROC\tNAME\tPID\tSTATE\tEXIT\tRESTARTS\tSTARTED\tENDED\tCOMMAND")
+	fmt.Fprintln(tw, "PROC\tNAME\tPID\tSTATE\tEXIT\tRESTARTS\tSTARTED\tENDED\tDESCENDANTS\tCOMMAND")
 	now := time.Now()
 	for _, p := range list {
 		restarts := ""
 		if p.Restart != "" {
 			restarts = fmt.Sprintf("%d (%s)", p.Restarts, p.Restart)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Pid, p.State, exitText(p.Exit),
-			restarts, ago(p.Started, now), ago(p.Ended, now), benchQuote(p.Cmd))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Pid, p.State, exitText(p.Exit),
+			restarts, ago(p.Started, now), ago(p.Ended, now), pidList(p.Descendants), benchQuote(p.Cmd))
 	}
 	return tw.Flush()
 }
@@ -79,4 +83,23 @@ func exitText(st *api.ExitStatus) string {
 		return name
 	}
 	return st.Reason
+}
+
+// maxListedPids bounds the DESCENDANTS column; den ps --json has them all.
+const maxListedPids = 4
+
+// pidList is the DESCENDANTS column: the first pids and how many more.
+func pidList(pids []int) string {
+	var b strings.Builder
+	for i, pid := range pids {
+		if i == maxListedPids {
+			fmt.Fprintf(&b, " +%d", len(pids)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(pid))
+	}
+	return b.String()
 }

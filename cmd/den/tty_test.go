@@ -288,7 +288,7 @@ func TestServices(t *testing.T) {
 	r = den(t, f, "", "ps", "box")
 	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
 	for i, want := range []string{
-		`^PROC\s+NAME\s+PID\s+STATE\s+EXIT\s+RESTARTS\s+STARTED\s+ENDED\s+COMMAND$`,
+		`^PROC\s+NAME\s+PID\s+STATE\s+EXIT\s+RESTARTS\s+STARTED\s+ENDED\s+DESCENDANTS\s+COMMAND$`,
 		`^p1\s+api\s+101\s+running\s+2 \(always\)\s+2 minutes ago\s+sleep 1$`,
 		`^p2\s+102\s+running\s+2 \(on-failure\)\s+2 minutes ago\s+sleep$`,
 		`^p3\s+plain\s+103\s+exited\s+0\s+2 minutes ago\s+Less than a second ago\s+exit 0$`,

@@ -31,6 +31,9 @@ type Options struct {
 	// Confine runs on the launcher thread before any command is started;
 	// it applies the sandbox's capability, seccomp and namespace confinement.
 	Confine func() error
+	// SetPids changes the commands' pids limit (0: none) where the agent
+	// enforces it itself (gVisor); nil where the tier does.
+	SetPids func(limit int) error
 	Log     *slog.Logger
 }
 
@@ -98,6 +101,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /archive", a.handleDownload)
 	mux.HandleFunc("PUT /archive", a.handleUpload)
 	mux.HandleFunc("POST /hostname", a.handleHostname)
+	mux.HandleFunc("POST /limits", a.handleLimits)
 	mux.HandleFunc("GET /sessions", a.handleSessions)
 	mux.HandleFunc("DELETE /sessions/{name}", a.handleCloseSession)
 	mux.HandleFunc("POST /procs", a.handleStart)
@@ -446,6 +450,30 @@ func (a *Agent) handleHostname(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := syscall.Sethostname([]byte(req.Hostname)); err != nil {
 		WriteError(w, api.Errorf(api.KindInvalid, "sethostname: %v", err))
+		return
+	}
+	w.WriteHeader(204)
+}
+
+// handleLimits sets the limits the agent enforces itself (Options.SetPids).
+func (a *Agent) handleLimits(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Pids int `json:"pids"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		WriteError(w, err)
+		return
+	}
+	if req.Pids < 0 {
+		WriteError(w, api.FieldError("pids", "%d: want 0 (no limit) or more", req.Pids))
+		return
+	}
+	if a.opts.SetPids == nil {
+		WriteError(w, api.Errorf(api.KindUnsupported, "this sandbox's tier enforces its pids limit outside the agent"))
+		return
+	}
+	if err := a.opts.SetPids(req.Pids); err != nil {
+		WriteError(w, api.Errorf(api.KindInternal, "%v", err))
 		return
 	}
 	w.WriteHeader(204)

@@ -52,6 +52,7 @@ type resolved struct {
 	stdoutRing, stderrRing *ring
 	keepRings              bool
 	name                   string
+	id                     string // a service's process id, kept across its runs
 	tty                    bool
 	rows, cols             uint16
 }

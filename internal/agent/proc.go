@@ -185,9 +185,10 @@ func (p *Process) Info() api.ProcessInfo {
 	return info
 }
 
-// Signal sends sig to the process group.
+// Signal sends sig to the process group and the rest of the process's tree
+// (tree.go): the descendants that left the group or outlived the command.
 func (p *Process) Signal(sig syscall.Signal) error {
-	return syscall.Kill(-p.Pid, sig)
+	return signalTree(p, sig)
 }
 
 // outputGrace is how long output is still collected after the command
@@ -260,9 +261,13 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 	if childErr == nil {
 		childErr = outW
 	}
+	id := spec.id
+	if id == "" {
+		id = nextProcID()
+	}
 	attr := &syscall.ProcAttr{
 		Dir:   spec.dir,
-		Env:   spec.env,
+		Env:   mergeEnv(spec.env, []string{procMarkEnv + "=" + id}), // see tree.go
 		Files: []uintptr{stdin.Fd(), outW.Fd(), childErr.Fd()},
 		Sys:   sys,
 	}
@@ -270,7 +275,7 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 		spec.stdoutRing, spec.stderrRing = newRing(a.opts.OutputLimit), newRing(a.opts.OutputLimit)
 	}
 	p := &Process{
-		ID:      nextProcID(),
+		ID:      id,
 		Argv:    spec.argv,
 		stdout:  spec.stdoutRing,
 		stderr:  spec.stderrRing,
@@ -310,7 +315,7 @@ func (a *Agent) spawn(spec *resolved) (*Process, error) {
 			p.mu.Lock()
 			p.timedOut = true
 			p.mu.Unlock()
-			syscall.Kill(-pid, syscall.SIGKILL)
+			signalTree(p, syscall.SIGKILL)
 		})
 	}
 	pumps := sync.WaitGroup{}

@@ -118,7 +118,7 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.name = spec.Name
-	res.name = spec.Name
+	res.name, res.id = spec.Name, p.ID
 	if svc != nil {
 		svc.id = p.ID
 		p.service = svc
@@ -129,10 +129,13 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Agent) handleProcs(w http.ResponseWriter, r *http.Request) {
+	t := readProcs()
 	a.mu.Lock()
 	out := make([]api.ProcessInfo, 0, len(a.order))
 	for _, p := range a.order {
-		out = append(out, p.Info())
+		info := p.Info()
+		info.Descendants = t.tree(p)
+		out = append(out, info)
 	}
 	a.mu.Unlock()
 	writeJSON(w, 200, out)
@@ -140,7 +143,9 @@ func (a *Agent) handleProcs(w http.ResponseWriter, r *http.Request) {
 
 func (a *Agent) handleProc(w http.ResponseWriter, r *http.Request) {
 	if p := a.proc(w, r); p != nil {
-		writeJSON(w, 200, p.Info())
+		info := p.Info()
+		info.Descendants = readProcs().tree(p)
+		writeJSON(w, 200, info)
 	}
 }
 
@@ -300,12 +305,9 @@ func (a *Agent) handleSignal(w http.ResponseWriter, r *http.Request) {
 	if p.service != nil {
 		p.service.stop() // a kill through the API is final for a service
 	}
-	if isDone(p) {
-		if p.service != nil {
-			w.WriteHeader(204)
-			return
-		}
-		WriteError(w, api.Errorf(api.KindConflict, "process %s has already exited", p.ID))
+	// A finished process's signal goes to what it left running (its tree).
+	if isDone(p) && p.service == nil && !leftAlive(p) {
+		WriteError(w, api.Errorf(api.KindConflict, "process %s has already exited and left no process running", p.ID))
 		return
 	}
 	if err := p.Signal(sig); err != nil && !errors.Is(err, syscall.ESRCH) {

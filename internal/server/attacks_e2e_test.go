@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -120,7 +121,27 @@ func TestTierAttacks(t *testing.T) {
 				}
 			}
 			<-done
-			// The attacked sandbox is still usable once the bomb is gone.
+			// The attacked sandbox kept running through the bomb: a kill of
+			// the bomb's exec ends what it left forking (its shell ends when
+			// a fork fails), and it answers at once.
+			procs, err := e.c.Processes(ctx, sb.ID)
+			if err != nil {
+				t.Fatalf("%s: list processes after the fork bomb: %v", tier, err)
+			}
+			for _, p := range procs {
+				if strings.Contains(strings.Join(p.Cmd, " "), "b() {") {
+					if err := e.c.Kill(ctx, sb.ID, p.ID, "KILL"); err != nil && !errors.Is(err, api.ErrConflict) {
+						t.Fatalf("%s: kill the fork bomb: %v", tier, err)
+					}
+				}
+			}
+			if got, err := e.c.Get(ctx, sb.ID); err != nil || got.State != api.StateRunning {
+				t.Fatalf("%s: after a fork bomb the sandbox is %v (%v), want running", tier, got, err)
+			}
+			if r := e.sh(t, sb.ID, "echo alive"); string(r.Stdout) != "alive\n" {
+				t.Fatalf("%s sandbox does not answer after a fork bomb: %q %q", tier, r.Stdout, r.Stderr)
+			}
+			// It is still usable after a restart.
 			if _, err := e.c.Stop(ctx, sb.ID); err != nil {
 				t.Fatal(err)
 			}

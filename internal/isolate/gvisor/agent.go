@@ -49,7 +49,15 @@ func AgentMain() {
 	}
 	// No process of the box may ptrace or read the agent's memory and fds.
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	a, err := agent.New(agent.Options{Confine: confineLauncher})
+	pids, err := agentPidsLimit(os.Args[2:])
+	if err == nil {
+		err = limitProcs(pids)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "den agent: %v\n", err)
+		os.Exit(1)
+	}
+	a, err := agent.New(agent.Options{Confine: confineLauncher, SetPids: limitProcs})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "den agent: %v\n", err)
 		os.Exit(1)

@@ -404,5 +404,13 @@ func (b *box) OOMKills() uint64 { return b.rt.cg.OOMKills(b.spec.ID) }
 
 // SetLimits changes the box's cgroup limits while it runs. gVisor's
 // kernel keeps the memory size it booted with (what /proc/meminfo shows
-// inside); the host enforces the new limit.
-func (b *box) SetLimits(l isolate.Limits) error { return b.rt.cg.setLimits(b.spec.ID, l) }
+// inside); the host enforces the new limit. The pids limit changes in the
+// sentry too (pids.go).
+func (b *box) SetLimits(l isolate.Limits) error {
+	if err := b.rt.cg.setLimits(b.spec.ID, l); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return b.setBoxPids(ctx, l.Pids)
+}

@@ -46,7 +46,7 @@ func (cg cgroups) setLimits(id string, l isolate.Limits) error {
 			cpu = strconv.Itoa(int(l.CPUs * cpuPeriod))
 		}
 		if l.Pids > 0 {
-			pids = strconv.Itoa(l.Pids + pidsOverhead)
+			pids = strconv.FormatInt(hostPids(l.Pids), 10)
 		}
 		if err := write(filepath.Join(d, "memory.max"), mem); err != nil {
 			return err
@@ -64,7 +64,7 @@ func (cg cgroups) setLimits(id string, l isolate.Limits) error {
 		cpu = strconv.Itoa(int(l.CPUs * cpuPeriod))
 	}
 	if l.Pids > 0 {
-		pids = strconv.Itoa(l.Pids + pidsOverhead)
+		pids = strconv.FormatInt(hostPids(l.Pids), 10)
 	}
 	if err := write(filepath.Join(cg.Dir(id, "memory"), "memory.limit_in_bytes"), mem); err != nil {
 		return err

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/isolatetest"
@@ -962,5 +964,51 @@ func TestReapsSandboxes(t *testing.T) {
 			t.Fatalf("after Stop: sandbox %d still in /proc (%v), zombie children %v", pid, err, zombies)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A fork bomb in a box with a pids limit is contained as in the linux
+// tier: its forks fail inside (EAGAIN), and the box and its agent stay up.
+func TestForkBombContained(t *testing.T) {
+	rt := newRuntime(t)
+	spec := busyboxSpec(t, busyboxUsr(t), "gbomb")
+	spec.Limits = isolate.Limits{Pids: 100, Memory: 256 << 20}
+	b := start(t, rt, spec)
+	res, err := isolatetest.Exec(ctxT(t, time.Minute), b.Agent(), &agent.ExecSpec{Timeout: 5 * time.Second, Argv: []string{"/bin/sh", "-c",
+		`b() { b | b & }; b 2>>/tmp/bomb.err; while :; do b 2>>/tmp/bomb.err; sleep 0.01; done`}})
+	t.Logf("bomb: %+v %v", res.Exit, err)
+	if err != nil {
+		t.Fatalf("the bomb's exec: %v", err)
+	}
+	// The bomb's shell may have ended (a failed fork ends sh) and left
+	// its tree forking: a kill of the finished command ends it.
+	if err := b.Agent().JSON(ctxT(t, time.Minute), "POST", "/procs/"+res.Proc.ID+"/signal", nil, api.SignalRequest{}, nil); err != nil && !errors.Is(err, api.ErrConflict) {
+		t.Fatalf("kill what the bomb left: %v", err)
+	}
+	select {
+	case <-b.Done():
+		t.Fatal("the fork bomb ended the box")
+	default:
+	}
+	if out := mustSh(t, b, "echo alive"); out != "alive\n" {
+		t.Fatalf("after the bomb: %q", out)
+	}
+	// The bomb did reach the limit: its forks failed.
+	if out := mustSh(t, b, "grep -c 'fork' /tmp/bomb.err || true"); strings.TrimSpace(out) == "0" {
+		t.Fatalf("the bomb never failed to fork (%q): the limit was not reached", out)
+	}
+	if b.OOMKills() != 0 {
+		t.Errorf("%d OOM kills during a fork bomb", b.OOMKills())
+	}
+	// A new limit (a pooled box claimed with other limits) reaches the
+	// commands started after it.
+	if got := strings.TrimSpace(mustSh(t, b, "ulimit -u")); got != strconv.Itoa(100+procsReserve) {
+		t.Fatalf("commands' process limit %s, want %d", got, 100+procsReserve)
+	}
+	if err := b.SetLimits(isolate.Limits{Pids: 50, Memory: 256 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(mustSh(t, b, "ulimit -u")); got != strconv.Itoa(50+procsReserve) {
+		t.Fatalf("commands' process limit after SetLimits %s, want %d", got, 50+procsReserve)
 	}
 }

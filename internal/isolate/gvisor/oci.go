@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
@@ -103,10 +104,6 @@ var agentCaps = []string{
 	"CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
 }
 
-// pidsOverhead is added to a box's pids limit for the host threads of
-// gVisor's own sentry and gofer, which share the box's cgroup.
-const pidsOverhead = 64
-
 const cpuPeriod = 100000
 
 func ociLimits(l isolate.Limits) *ociResources {
@@ -120,7 +117,7 @@ func ociLimits(l isolate.Limits) *ociResources {
 		res.CPU = &ociCPU{Quota: &q, Period: &p}
 	}
 	if l.Pids > 0 {
-		res.Pids = &ociPids{Limit: int64(l.Pids + pidsOverhead)}
+		res.Pids = &ociPids{Limit: hostPids(l.Pids)} // enforced inside too: pids.go
 	}
 	return res
 }
@@ -141,7 +138,7 @@ func writeBundle(dir string, b bundle) error {
 	s := ociSpec{
 		OCIVersion: "1.0.2",
 		Process: ociProcess{
-			Args: []string{agentPath, agentArg},
+			Args: []string{agentPath, agentArg, pidsArg + strconv.Itoa(b.spec.Limits.Pids)},
 			// As the linux tier's init: a small heap for an agent that
 			// mostly waits.
 			Env:          []string{"GOMAXPROCS=1", "GOGC=50", "GODEBUG=madvdontneed=1"},

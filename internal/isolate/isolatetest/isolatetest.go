@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,6 +51,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Files", func(t *testing.T) { testFiles(t, h) })
 	t.Run("StopKeepsFiles", func(t *testing.T) { testStopKeepsFiles(t, h) })
 	t.Run("Background", func(t *testing.T) { testBackground(t, h) })
+	t.Run("Descendants", func(t *testing.T) { testDescendants(t, h) })
 	t.Run("Destroy", func(t *testing.T) { testDestroy(t, h) })
 	t.Run("Pause", func(t *testing.T) { testPause(t, h) })
 	t.Run("Checkpoint", func(t *testing.T) { testCheckpoint(t, h) })
@@ -84,6 +86,7 @@ func (h Harness) start(t *testing.T, spec *isolate.Spec) isolate.Box {
 type Result struct {
 	Stdout, Stderr string
 	Exit           api.ExitStatus
+	Proc           api.Process // the agent's id and pid of the command
 }
 
 // Exec runs argv in a box through its agent and collects the result.
@@ -108,6 +111,8 @@ func Exec(ctx context.Context, c *agent.Client, spec *agent.ExecSpec) (Result, e
 			return res, fmt.Errorf("exec %q: %w", spec.Argv, err)
 		}
 		switch typ {
+		case api.FrameStarted:
+			json.Unmarshal(p, &res.Proc)
 		case api.FrameStdout:
 			out.Write(p)
 		case api.FrameStderr:
@@ -286,6 +291,124 @@ func testBackground(t *testing.T, h Harness) {
 	}
 	if !found {
 		t.Fatalf("background process %s not listed as running: %+v", st.ID, procs)
+	}
+}
+
+// testDescendants: what a command starts in a new session (setsid) or
+// leaves behind when it ends (re-parented to the agent) is listed with it,
+// and dies with it when it times out or is killed through the agent; when
+// it ends by itself such processes keep running (as after docker exec). A
+// background process of its own is no part of another's tree.
+func testDescendants(t *testing.T, h Harness) {
+	b := h.start(t, h.Spec(t, "ctree"))
+	ctx := h.ctx(t)
+	c := b.Agent()
+	var bystander api.ProcessInfo
+	if err := c.JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"sleep", "1009"}}, &bystander); err != nil {
+		t.Fatalf("start the bystander: %v", err)
+	}
+
+	// A command that ends by itself leaves its daemon running, listed
+	// among its descendants; a kill of the finished command ends it.
+	res := sh(t, ctx, b, "setsid sleep 1001 & echo $!")
+	daemon, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	if res.Exit.ExitCode != 0 || daemon <= 0 || res.Proc.ID == "" {
+		t.Fatalf("setsid sleep 1001 &: %+v", res)
+	}
+	waitSleeps(t, ctx, b, "the daemon to start", func(live map[string][]int) bool { return len(live["1001"]) == 1 })
+	var info api.ProcessInfo
+	if err := c.JSON(ctx, "GET", "/procs/"+res.Proc.ID, nil, nil, &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.State != api.ProcExited || len(info.Descendants) != 1 || info.Descendants[0] != daemon {
+		t.Fatalf("the finished command is listed as %s with descendants %v, want exited with [%d] (its setsid daemon)", info.State, info.Descendants, daemon)
+	}
+	if err := c.JSON(ctx, "POST", "/procs/"+res.Proc.ID+"/signal", nil, api.SignalRequest{Signal: "KILL"}, nil); err != nil {
+		t.Fatalf("kill the finished command's daemon: %v", err)
+	}
+	waitSleeps(t, ctx, b, "the kill of the finished command to end its daemon", func(live map[string][]int) bool { return len(live["1001"]) == 0 })
+	if err := c.JSON(ctx, "POST", "/procs/"+res.Proc.ID+"/signal", nil, api.SignalRequest{Signal: "KILL"}, nil); err == nil {
+		t.Fatal("a kill of a finished command that left nothing running succeeded; want a conflict")
+	}
+
+	// A timeout ends the whole tree: a child in a new session and a
+	// grandchild in another whose parent ended at once.
+	res, err := Exec(ctx, c, &agent.ExecSpec{Timeout: 10 * time.Second, Argv: []string{"/bin/sh", "-c",
+		"rm -f /tmp/r1 /tmp/r2; setsid sh -c 'touch /tmp/r1; exec sleep 1002' & (setsid sh -c 'touch /tmp/r2; exec sleep 1003' &); " +
+			"until [ -e /tmp/r1 ] && [ -e /tmp/r2 ]; do sleep 0.1; done; echo started; sleep 1004"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Exit.Reason != api.ReasonTimeout || res.Stdout != "started\n" {
+		t.Fatalf("the command did not start its tree and time out: %+v", res)
+	}
+	waitSleeps(t, ctx, b, "the timeout to end the tree", func(live map[string][]int) bool {
+		return len(live["1002"])+len(live["1003"])+len(live["1004"]) == 0
+	})
+
+	// A kill through the agent ends a background process's tree.
+	var bg api.ProcessInfo
+	if err := c.JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c",
+		"(setsid sleep 1005 &); setsid sleep 1006 & sleep 1007"}}, &bg); err != nil {
+		t.Fatal(err)
+	}
+	var want []int
+	waitSleeps(t, ctx, b, "the background tree to start", func(live map[string][]int) bool {
+		want = append(append(append([]int(nil), live["1005"]...), live["1006"]...), live["1007"]...)
+		return len(live["1005"]) == 1 && len(live["1006"]) == 1 && len(live["1007"]) == 1
+	})
+	if err := c.JSON(ctx, "GET", "/procs/"+bg.ID, nil, nil, &info); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range want {
+		if pid != bg.Pid && !slices.Contains(info.Descendants, pid) { // a shell may exec its last command
+			t.Fatalf("background process %s lists descendants %v, want %v among them", bg.ID, info.Descendants, want)
+		}
+	}
+	if err := c.JSON(ctx, "POST", "/procs/"+bg.ID+"/signal", nil, api.SignalRequest{Signal: "KILL"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitSleeps(t, ctx, b, "the kill to end the background tree", func(live map[string][]int) bool {
+		return len(live["1005"])+len(live["1006"])+len(live["1007"]) == 0
+	})
+
+	live := sleeps(t, ctx, b)
+	if len(live["1009"]) != 1 {
+		t.Fatalf("the bystander (its own background process) was killed with another's tree: %v", live)
+	}
+	if err := c.JSON(ctx, "GET", "/procs/"+bystander.ID, nil, nil, &info); err != nil || info.State != api.ProcRunning {
+		t.Fatalf("bystander: %+v %v", info, err)
+	}
+}
+
+// sleeps lists the box's live sleep commands by argument: pids by "1001".
+func sleeps(t *testing.T, ctx context.Context, b isolate.Box) map[string][]int {
+	t.Helper()
+	out := mustSh(t, ctx, b, `for d in /proc/[0-9]*; do printf '%s ' "${d#/proc/}"; tr '\000' ' ' < "$d/cmdline"; echo; done 2>/dev/null`)
+	live := map[string][]int{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[1] == "sleep" {
+			pid, _ := strconv.Atoi(f[0])
+			live[f[2]] = append(live[f[2]], pid)
+		}
+	}
+	return live
+}
+
+// waitSleeps reads the box's sleeps until done accepts them.
+func waitSleeps(t *testing.T, ctx context.Context, b isolate.Box, what string, done func(map[string][]int) bool) {
+	t.Helper()
+	for {
+		live := sleeps(t, ctx, b)
+		if done(live) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waited in vain for %s: live sleeps %v", what, live)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 
