@@ -220,6 +220,9 @@ type Image struct {
 	Size        int64               `json:"size"`
 	CreatedAt   time.Time           `json:"created_at"`
 	Config      ImageConfig         `json:"config,omitzero"`
+	// Owner is the scoped token that imported, built or committed the
+	// image; empty for the admin's.
+	Owner string `json:"owner,omitempty"`
 }
 
 // PullRequest is the body of POST /v1/images/pull.

@@ -68,6 +68,12 @@ func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, pro
 	if name != "" && (!validImageName(name) || name == HostImage) {
 		return nil, api.FieldError("name", "%q is not a usable image name (lower case letters, digits, ._/:@-; not \"host\")", name)
 	}
+	if err := m.mayAdd(ctx, boundImages); err != nil {
+		return nil, err
+	}
+	if err := m.room(); err != nil {
+		return nil, err
+	}
 	imgs, err := m.images.ImportReader(ctx, r, progress)
 	if err != nil {
 		return nil, api.Errorf(api.KindInvalid, "import: %v", err)
@@ -175,7 +181,16 @@ func (m *Manager) putImage(ctx context.Context, img *api.Image) error {
 	if img.Name == HostImage {
 		return api.FieldError("name", "\"host\" is the built-in image")
 	}
-	if sc := ScopeFrom(ctx); !sc.IsAdmin() && !strings.HasPrefix(img.Name, cachePrefix+sc.owner()+"-") {
+	sc := ScopeFrom(ctx)
+	if !strings.HasPrefix(img.Name, cachePrefix) {
+		img.Owner = sc.owner()
+		admitted, err := m.admitN(ctx, boundImages, 1)
+		if err != nil {
+			return err
+		}
+		defer admitted()
+	}
+	if !sc.IsAdmin() && !strings.HasPrefix(img.Name, cachePrefix+sc.owner()+"-") {
 		// Images are shared: a token adds new ones but never replaces
 		// one that others may run.
 		if _, err := m.db.GetImage(ctx, img.Name); err == nil {
