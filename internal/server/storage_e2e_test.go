@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
@@ -55,6 +56,30 @@ func TestDefaultDiskQuota(t *testing.T) {
 	v, err := e.c.CreateVolume(ctx, api.VolumeRequest{Name: "plain"})
 	if err != nil || v.Size != 256<<20 {
 		t.Fatalf("a volume without a size: %+v %v, want the default 256m", v, err)
+	}
+}
+
+// TestDefaultDiskWarmPool: a sandbox served from the warm pool (what most
+// creates are) has the default disk quota enforced too.
+func TestDefaultDiskWarmPool(t *testing.T) {
+	e := newBtrfsEnvWith(t, func(e *env) { e.defDisk, e.pool = 64<<20, 1 })
+	ctx := context.Background()
+	var sb *api.Sandbox
+	for i := 0; i < 100 && sb == nil; i++ { // until the pool has filled
+		sb = e.create(t, api.CreateRequest{})
+		evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: sb.ID, Type: "sandbox.create"})
+		if len(evs) != 1 || !strings.Contains(string(evs[0].Data), `"warm":true`) {
+			e.c.Remove(ctx, sb.ID, true)
+			sb = nil
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if sb == nil {
+		t.Fatal("no create was served from the warm pool")
+	}
+	out := string(e.sh(t, sb.ID, "dd if=/dev/zero of=/root/big bs=1M count=200 2>&1; echo rc=$?").Stdout)
+	if sb.Limits.Disk != 64<<20 || !strings.Contains(out, "quota exceeded") {
+		t.Fatalf("a pooled sandbox with disk limit %v wrote past it: %q", sb.Limits.Disk, out)
 	}
 }
 
