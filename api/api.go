@@ -87,7 +87,8 @@ type Limits struct {
 	Memory Size    `json:"memory,omitempty"`
 	Pids   int     `json:"pids,omitempty"`
 	// Disk caps the bytes the sandbox's writable layer may hold, enforced
-	// by the kernel (writes past it fail with a quota error inside).
+	// by the kernel (writes past it fail with a quota error inside). Zero:
+	// the daemon's default (den serve --default-disk) or the token's cap.
 	Disk Size `json:"disk,omitempty"`
 }
 
