@@ -655,7 +655,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 		Layers: layers, UIDBase: rec.UIDBase, Mounts: mounts,
 		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536,
 		NetBandwidth: int64(rec.Network.Bandwidth),
-		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids},
+		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids, Disk: int64(rec.Limits.Disk)},
 	}, nil
 }
 

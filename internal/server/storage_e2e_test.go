@@ -233,3 +233,29 @@ func TestTokenStorageCaps(t *testing.T) {
 		t.Fatalf("admin import: %v", err)
 	}
 }
+
+// TestDiskQuotaTiers: on the gvisor and microvm tiers too, a sandbox
+// filling its disk quota sees a full disk (a write error it can recover
+// from by deleting), not I/O errors that leave its files read-only; a
+// microVM's disk image is sized under the quota.
+func TestDiskQuotaTiers(t *testing.T) {
+	e := newBtrfsEnvWith(t, func(e *env) { addTiers(t, e) })
+	img := e.busyboxImage(t)
+	for _, tier := range []string{"gvisor", "microvm"} {
+		t.Run(tier, func(t *testing.T) {
+			e.need(t, tier)
+			sb := e.create(t, api.CreateRequest{Image: img, Runtime: tier, Limits: api.Limits{Disk: 64 << 20}})
+			// Control: it writes below the quota.
+			if out := string(e.sh(t, sb.ID, "dd if=/dev/zero of=/small bs=1M count=8 2>&1; echo rc=$?").Stdout); !strings.HasSuffix(out, "rc=0\n") {
+				t.Fatalf("writing 8 MiB under a 64 MiB quota: %q", out)
+			}
+			out := string(e.sh(t, sb.ID, "dd if=/dev/zero of=/big bs=1M count=200 2>&1; echo rc=$?; sync").Stdout)
+			if !strings.Contains(out, "rc=1") || !(strings.Contains(out, "No space left") || strings.Contains(out, "quota exceeded")) {
+				t.Fatalf("writing 200 MiB under a 64 MiB quota: %q", out)
+			}
+			if got := string(e.sh(t, sb.ID, "rm -f /big; sync; echo after > /f && cat /f").Stdout); got != "after\n" {
+				t.Fatalf("after filling the quota and deleting: %q", got)
+			}
+		})
+	}
+}
