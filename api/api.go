@@ -284,6 +284,13 @@ type Info struct {
 	// Storage is how sandbox files are kept: "btrfs" (snapshots, quotas)
 	// or "dir".
 	Storage string `json:"storage,omitempty"`
+	// StorageSize is the size of den's storage, StorageReserve the part
+	// of it no sandbox, snapshot or volume may take, and DefaultDisk the
+	// disk quota of sandboxes and volumes that set none (0: unlimited, or
+	// no quotas).
+	StorageSize    Size `json:"storage_size,omitempty"`
+	StorageReserve Size `json:"storage_reserve,omitempty"`
+	DefaultDisk    Size `json:"default_disk,omitempty"`
 	// Network says whether sandboxes can have networked modes.
 	Network bool `json:"network"`
 }

@@ -190,7 +190,12 @@ func cmdServe(args []string) error {
 		defer eg.Close()
 	}
 	h := server.New(m, db, log, version, rt.CgroupVersion())
-	h.SetInfo(api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil})
+	info := api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil,
+		StorageSize: api.Size(st.Size()), StorageReserve: api.Size(st.Reserve())}
+	if st.Quotas() {
+		info.DefaultDisk = disk
+	}
+	h.SetInfo(info)
 
 	mcpH, stopMCP := mcpHandler(h, log)
 	defer stopMCP()

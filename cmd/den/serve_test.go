@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 
@@ -30,5 +31,16 @@ func TestDefaultDiskFlag(t *testing.T) {
 	r := den(t, nil, "", "serve", "--default-disk", "lots")
 	if r.code != 2 || !strings.Contains(r.stderr, "--default-disk") {
 		t.Errorf("den serve --default-disk lots: %+v", r)
+	}
+}
+
+func TestInfoStorage(t *testing.T) {
+	info := api.Info{Version: "x", Storage: "btrfs", StorageSize: 200 << 30, StorageReserve: 10 << 30, DefaultDisk: 10 << 30}
+	host := miniDaemon(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) { replyJSON(w, 200, info) })
+	})
+	r := den(t, nil, "", "--host", host, "info")
+	if r.code != 0 || !strings.Contains(r.stdout, "storage btrfs (200.0GiB, reserve 10.0GiB, default disk 10.0GiB)") {
+		t.Fatalf("den info: %+v", r)
 	}
 }
