@@ -81,6 +81,18 @@ type btrfsQgroupInherit struct {
 	Qgroups       [1]uint64
 }
 
+type btrfsQgroupAssignArgs struct {
+	Assign uint64
+	Src    uint64
+	Dst    uint64
+}
+
+type btrfsQuotaRescanArgs struct {
+	Flags    uint64
+	Progress uint64
+	Reserved [6]uint64
+}
+
 type btrfsQgroupCreateArgs struct {
 	Create   uint64
 	Qgroupid uint64
@@ -127,7 +139,9 @@ var (
 	iocSubvolSetflags   = ioc(iocW, 26, 8)
 	iocFsInfo           = ioc(iocR, 31, unsafe.Sizeof(btrfsFsInfoArgs{}))
 	iocQuotaCtl         = ioc(iocWR, 40, unsafe.Sizeof(btrfsQuotaCtlArgs{}))
+	iocQgroupAssign     = ioc(iocW, 41, unsafe.Sizeof(btrfsQgroupAssignArgs{}))
 	iocQgroupCreate     = ioc(iocW, 42, unsafe.Sizeof(btrfsQgroupCreateArgs{}))
+	iocQuotaRescan      = ioc(iocW, 44, unsafe.Sizeof(btrfsQuotaRescanArgs{}))
 	iocQgroupLimit      = ioc(iocR, 43, unsafe.Sizeof(btrfsQgroupLimitArgs{}))
 	iocGetSubvolRootref = ioc(iocWR, 61, unsafe.Sizeof(btrfsSubvolRootrefArgs{}))
 	iocInoLookupUser    = ioc(iocWR, 62, unsafe.Sizeof(btrfsInoLookupUserArgs{}))
@@ -249,30 +263,42 @@ func btrfsSubvolID(fd int) (uint64, error) {
 	return a.Treeid, nil
 }
 
-// btrfsChildren lists the paths (relative to the subvolume fd's root) of the
-// subvolumes directly nested in it.
-func btrfsChildren(fd int) ([]string, error) {
-	var out []string
+// btrfsRootrefs lists the subvolumes whose directory entries are in the
+// subvolume of fd, at any depth of its directories.
+func btrfsRootrefs(fd int) ([]btrfsRootref, error) {
+	var out []btrfsRootref
 	var a btrfsSubvolRootrefArgs
 	for {
 		err := ioctl(fd, iocGetSubvolRootref, unsafe.Pointer(&a))
 		if err != nil && err != unix.EOVERFLOW {
 			return nil, fmt.Errorf("BTRFS_IOC_GET_SUBVOL_ROOTREF: %w", err)
 		}
-		for _, r := range a.Rootref[:a.NumItems] {
-			u := btrfsInoLookupUserArgs{Dirid: r.Dirid, Treeid: r.Treeid}
-			if e := ioctl(fd, iocInoLookupUser, unsafe.Pointer(&u)); e != nil {
-				if e == unix.ENOENT {
-					continue // being deleted
-				}
-				return nil, fmt.Errorf("BTRFS_IOC_INO_LOOKUP_USER: %w", e)
-			}
-			out = append(out, filepath.Join(cstr(u.Path[:]), cstr(u.Name[:])))
-		}
+		out = append(out, a.Rootref[:a.NumItems]...)
 		if err == nil {
 			return out, nil
 		}
 	}
+}
+
+// btrfsChildren lists the paths (relative to the subvolume fd's root) of the
+// subvolumes directly nested in it.
+func btrfsChildren(fd int) ([]string, error) {
+	refs, err := btrfsRootrefs(fd)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range refs {
+		u := btrfsInoLookupUserArgs{Dirid: r.Dirid, Treeid: r.Treeid}
+		if e := ioctl(fd, iocInoLookupUser, unsafe.Pointer(&u)); e != nil {
+			if e == unix.ENOENT {
+				continue // being deleted
+			}
+			return nil, fmt.Errorf("BTRFS_IOC_INO_LOOKUP_USER: %w", e)
+		}
+		out = append(out, filepath.Join(cstr(u.Path[:]), cstr(u.Name[:])))
+	}
+	return out, nil
 }
 
 func cstr(b []byte) string {
@@ -386,6 +412,30 @@ func btrfsSetLimit(fd int, id uint64, bytes int64) error {
 	a := btrfsQgroupLimitArgs{Qgroupid: id, Flags: btrfsQgroupLimitRfer | btrfsQgroupLimitExcl, MaxRfer: v, MaxExcl: v}
 	if err := ioctl(fd, iocQgroupLimit, unsafe.Pointer(&a)); err != nil {
 		return fmt.Errorf("BTRFS_IOC_QGROUP_LIMIT: %w", err)
+	}
+	return nil
+}
+
+// btrfsAssign makes qgroup src a member of qgroup dst. rescan is true when
+// the kernel could not carry the numbers over and marked them inconsistent.
+func btrfsAssign(fd int, src, dst uint64) (rescan bool, err error) {
+	a := btrfsQgroupAssignArgs{Assign: 1, Src: src, Dst: dst}
+	r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), iocQgroupAssign, uintptr(unsafe.Pointer(&a)))
+	switch {
+	case e == unix.EEXIST:
+		return false, nil
+	case e != 0:
+		return false, fmt.Errorf("BTRFS_IOC_QGROUP_ASSIGN: %w", e)
+	}
+	return r > 0, nil
+}
+
+// btrfsRescan starts a rescan of the quota numbers (it runs in the
+// background; one in progress already is fine).
+func btrfsRescan(fd int) error {
+	var a btrfsQuotaRescanArgs
+	if err := ioctl(fd, iocQuotaRescan, unsafe.Pointer(&a)); err != nil && err != unix.EINPROGRESS {
+		return fmt.Errorf("BTRFS_IOC_QUOTA_RESCAN: %w", err)
 	}
 	return nil
 }

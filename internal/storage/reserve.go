@@ -60,7 +60,34 @@ func (s *Store) setReserve(r int64) error {
 		s.why = "reserve: " + err.Error()
 		return nil
 	}
+	if err := adoptTrees(s.fd); err != nil {
+		s.why = "reserve: " + err.Error()
+		return nil
+	}
 	s.group = denGroup
+	return nil
+}
+
+// adoptTrees makes every subvolume in the root subvolume of fd (trees
+// made before den had a reserve, or made by hand) a member of denGroup;
+// where the kernel cannot carry the numbers over (full qgroups, a tree
+// with data) it rescans them.
+func adoptTrees(fd int) error {
+	refs, err := btrfsRootrefs(fd)
+	if err != nil {
+		return err
+	}
+	rescan := false
+	for _, ref := range refs {
+		r, err := btrfsAssign(fd, ref.Treeid, denGroup)
+		if err != nil {
+			return fmt.Errorf("subvolume %d: %w", ref.Treeid, err)
+		}
+		rescan = rescan || r
+	}
+	if rescan {
+		return btrfsRescan(fd)
+	}
 	return nil
 }
 

@@ -112,3 +112,45 @@ func TestRoomDir(t *testing.T) {
 		t.Fatalf("a reserve larger than the storage: %v", err)
 	}
 }
+
+// TestReserveAdoptsOldTrees: trees made before den had a reserve (outside
+// its qgroup) join it when the storage is opened again, so they too stop
+// at the reserve.
+func TestReserveAdoptsOldTrees(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		mode := "squota"
+		if full {
+			mode = "qgroup"
+		}
+		t.Run(mode, func(t *testing.T) {
+			fullQgroups = full
+			s := newBtrfs(t, 1<<30)
+			fullQgroups = false
+			if s.QuotaMode() != mode {
+				t.Skipf("quota mode %q", s.QuotaMode())
+			}
+			dir := filepath.Dir(s.Root())
+			// A tree as an older den made it: no group.
+			must(t, os.Mkdir(filepath.Join(s.Root(), "sandboxes"), 0o700))
+			old := filepath.Join(s.Root(), "sandboxes", "old")
+			must(t, btrfsCreateSubvol(old, 0))
+			if _, err := fill(filepath.Join(old, "before"), 100<<20); err != nil {
+				t.Fatal(err)
+			}
+			must(t, s.Unmount())
+			s2, err := Open(Config{Dir: dir, Mode: "btrfs"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s2.Unmount() })
+			if !s2.ReserveEnforced() {
+				t.Fatalf("reserve not enforced after reopening: %s", s2.Why())
+			}
+			n, err := fill(filepath.Join(old, "big"), 2<<30)
+			t.Logf("%s: the old tree then wrote %d MiB: %v", mode, n>>20, err)
+			if !errors.Is(err, unix.EDQUOT) {
+				t.Fatalf("an old tree filling the storage: %v, want EDQUOT from the reserve", err)
+			}
+		})
+	}
+}

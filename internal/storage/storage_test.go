@@ -14,13 +14,17 @@ import (
 
 func TestIoctlLayouts(t *testing.T) {
 	for name, got := range map[string]uintptr{
-		"btrfs_ioctl_vol_args":                 unsafe.Sizeof(btrfsVolArgs{}),
-		"btrfs_ioctl_vol_args_v2":              unsafe.Sizeof(btrfsVolArgsV2{}),
-		"btrfs_ioctl_ino_lookup_args":          unsafe.Sizeof(btrfsInoLookupArgs{}),
-		"btrfs_ioctl_get_subvol_rootref_args":  unsafe.Sizeof(btrfsSubvolRootrefArgs{}),
-		"btrfs_ioctl_ino_lookup_user_args":     unsafe.Sizeof(btrfsInoLookupUserArgs{}),
-		"btrfs_ioctl_fs_info_args":             unsafe.Sizeof(btrfsFsInfoArgs{}) * 4,
-		"btrfs_ioctl_qgroup_limit_args (x128)": unsafe.Sizeof(btrfsQgroupLimitArgs{}) * 4096 / 48,
+		"btrfs_ioctl_vol_args":                      unsafe.Sizeof(btrfsVolArgs{}),
+		"btrfs_ioctl_vol_args_v2":                   unsafe.Sizeof(btrfsVolArgsV2{}),
+		"btrfs_ioctl_ino_lookup_args":               unsafe.Sizeof(btrfsInoLookupArgs{}),
+		"btrfs_ioctl_get_subvol_rootref_args":       unsafe.Sizeof(btrfsSubvolRootrefArgs{}),
+		"btrfs_ioctl_ino_lookup_user_args":          unsafe.Sizeof(btrfsInoLookupUserArgs{}),
+		"btrfs_ioctl_fs_info_args":                  unsafe.Sizeof(btrfsFsInfoArgs{}) * 4,
+		"btrfs_ioctl_qgroup_limit_args (x128)":      unsafe.Sizeof(btrfsQgroupLimitArgs{}) * 4096 / 48,
+		"btrfs_ioctl_qgroup_assign_args (x4096/24)": unsafe.Sizeof(btrfsQgroupAssignArgs{}) * 4096 / 24,
+		"btrfs_ioctl_quota_rescan_args (x64)":       unsafe.Sizeof(btrfsQuotaRescanArgs{}) * 64,
+		"btrfs_ioctl_qgroup_create_args (x256)":     unsafe.Sizeof(btrfsQgroupCreateArgs{}) * 256,
+		"btrfs_qgroup_inherit + 1 (x51.2)":          unsafe.Sizeof(btrfsQgroupInherit{}) * 4096 / 80,
 	} {
 		if got != 4096 {
 			t.Errorf("%s: size %d, want 4096", name, got)
