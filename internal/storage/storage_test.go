@@ -355,6 +355,37 @@ func TestBtrfsQuota(t *testing.T) {
 // TestQuotaModes compares simple quotas with full qgroups: both enforce a
 // limit; they differ in what a snapshot's shared extents cost whom.
 func TestQuotaModes(t *testing.T) {
+	quotaModes(t, 512<<20, func(t *testing.T, s *Store, mode string) {
+		a := filepath.Join(s.Root(), "a")
+		must(t, s.Create(a))
+		must(t, s.SetQuota(a, 50<<20))
+		n, err := fill(filepath.Join(a, "big"), 80<<20)
+		if !errors.Is(err, unix.EDQUOT) {
+			t.Errorf("50 MiB quota: wrote %d MiB: %v", n>>20, err)
+		}
+		must(t, s.SetQuota(a, 0))
+		must(t, os.Remove(filepath.Join(a, "big")))
+		_, err = fill(filepath.Join(a, "data"), 40<<20)
+		must(t, err)
+		syncFS(t, s)
+		snap := filepath.Join(s.Root(), "snap")
+		must(t, s.Snapshot(a, snap, true))
+		syncFS(t, s)
+		u1, _ := s.Usage(a)
+		us, _ := s.Usage(snap)
+		must(t, os.Remove(filepath.Join(a, "data")))
+		syncFS(t, s)
+		u2, _ := s.Usage(a)
+		us2, _ := s.Usage(snap)
+		t.Logf("%s: 40 MiB written: source %d MiB, its snapshot %d MiB; source deletes the file: source %d MiB, snapshot %d MiB",
+			mode, u1>>20, us>>20, u2>>20, us2>>20)
+	})
+}
+
+// quotaModes runs test in a subtest for each quota mode (simple quotas,
+// full qgroups) on a new btrfs image of size bytes; a mode the kernel
+// does not have is skipped.
+func quotaModes(t *testing.T, size int64, test func(t *testing.T, s *Store, mode string)) {
 	for _, full := range []bool{false, true} {
 		mode := "squota"
 		if full {
@@ -362,34 +393,12 @@ func TestQuotaModes(t *testing.T) {
 		}
 		t.Run(mode, func(t *testing.T) {
 			fullQgroups = full
-			s := newBtrfs(t, 512<<20)
+			s := newBtrfs(t, size)
 			fullQgroups = false
 			if s.QuotaMode() != mode {
 				t.Skipf("quota mode %q", s.QuotaMode())
 			}
-			a := filepath.Join(s.Root(), "a")
-			must(t, s.Create(a))
-			must(t, s.SetQuota(a, 50<<20))
-			n, err := fill(filepath.Join(a, "big"), 80<<20)
-			if !errors.Is(err, unix.EDQUOT) {
-				t.Errorf("50 MiB quota: wrote %d MiB: %v", n>>20, err)
-			}
-			must(t, s.SetQuota(a, 0))
-			must(t, os.Remove(filepath.Join(a, "big")))
-			_, err = fill(filepath.Join(a, "data"), 40<<20)
-			must(t, err)
-			syncFS(t, s)
-			snap := filepath.Join(s.Root(), "snap")
-			must(t, s.Snapshot(a, snap, true))
-			syncFS(t, s)
-			u1, _ := s.Usage(a)
-			us, _ := s.Usage(snap)
-			must(t, os.Remove(filepath.Join(a, "data")))
-			syncFS(t, s)
-			u2, _ := s.Usage(a)
-			us2, _ := s.Usage(snap)
-			t.Logf("%s: 40 MiB written: source %d MiB, its snapshot %d MiB; source deletes the file: source %d MiB, snapshot %d MiB",
-				mode, u1>>20, us>>20, u2>>20, us2>>20)
+			test(t, s, mode)
 		})
 	}
 }
