@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/storage"
 )
 
 // TestDefaultDiskQuota: a sandbox created without --disk gets the daemon's
@@ -257,5 +261,44 @@ func TestDiskQuotaTiers(t *testing.T) {
 				t.Fatalf("after filling the quota and deleting: %q", got)
 			}
 		})
+	}
+}
+
+// TestStorageFullDir: with plain-directory storage (no quotas) a sandbox
+// can fill the filesystem, but once its free space falls into the
+// reserve new sandboxes are refused with an error that says so, and are
+// made again once space is freed. (A 1 GiB ext4 image stands for the
+// host's disk.)
+func TestStorageFullDir(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("mkfs.ext4 is not installed")
+	}
+	e := newEnvWith(t, 0, func(e *env) {
+		img := filepath.Join(t.TempDir(), "disk.img")
+		mnt := t.TempDir()
+		if out, err := exec.Command("sh", "-c", "truncate -s 1G "+img+" && mkfs.ext4 -q -F "+img+" && mount -o loop "+img+" "+mnt).CombinedOutput(); err != nil {
+			t.Skipf("no loop-mounted ext4 here: %v: %s", err, out)
+		}
+		t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+		st, err := storage.Open(storage.Config{Dir: mnt, Mode: "dir"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.st = st
+	})
+	ctx := context.Background()
+	a := e.create(t, api.CreateRequest{})
+	out := string(e.sh(t, a.ID, "dd if=/dev/zero of=/root/big bs=1M count=2000 2>&1; echo rc=$?; sync").Stdout)
+	if !strings.Contains(out, "rc=1") || !strings.Contains(out, "No space left") {
+		t.Fatalf("filling a 1 GiB storage: %q", out)
+	}
+	_, err := e.c.Create(ctx, api.CreateRequest{})
+	if ae := wantKind(t, err, api.KindConflict); !strings.Contains(ae.Message, "den's storage is nearly full") {
+		t.Fatalf("create with the storage full: %s", ae.Message)
+	}
+	e.sh(t, a.ID, "rm /root/big; sync")
+	b := e.create(t, api.CreateRequest{})
+	if got := string(e.sh(t, b.ID, "echo ok > /root/f && cat /root/f").Stdout); got != "ok\n" {
+		t.Fatalf("a sandbox made after space was freed: %q", got)
 	}
 }
