@@ -141,7 +141,8 @@ func cmdServe(args []string) error {
 	disk := defaultDisk(*defDisk, st)
 	switch {
 	case !st.Quotas():
-		log.Warn("no disk quotas: one sandbox can fill den's storage; new sandboxes are refused once its free space falls into the reserve", "reserve", api.Size(st.Reserve()), "why", st.Why())
+		disk = 0
+		log.Warn("no disk quotas (--default-disk has no effect): one sandbox can fill den's storage; new sandboxes are refused once its free space falls into the reserve", "reserve", api.Size(st.Reserve()), "why", st.Why())
 	case !st.ReserveEnforced():
 		log.Warn("den's storage reserve is not enforced by the kernel", "why", st.Why())
 	}
@@ -192,9 +193,7 @@ func cmdServe(args []string) error {
 	h := server.New(m, db, log, version, rt.CgroupVersion())
 	info := api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil,
 		StorageSize: api.Size(st.Size()), StorageReserve: api.Size(st.Reserve())}
-	if st.Quotas() {
-		info.DefaultDisk = disk
-	}
+	info.DefaultDisk = disk
 	h.SetInfo(info)
 
 	mcpH, stopMCP := mcpHandler(h, log)
