@@ -195,8 +195,14 @@ func TestTokenStorageCaps(t *testing.T) {
 		}
 		return err
 	})
+	// Snapshots of two sandboxes, so that the sandboxes' own locks do not
+	// serialise them.
+	sb2, err := c.Create(ctx, api.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	parallel("snapshots", 4, 2, func(i int) error {
-		_, err := c.Snapshot(ctx, sb.ID, api.SnapshotRequest{})
+		_, err := c.Snapshot(ctx, []string{sb.ID, sb2.ID}[i%2], api.SnapshotRequest{})
 		return err
 	})
 	archive := busyboxImage(t)
