@@ -42,7 +42,16 @@ func (m *Manager) Image(ctx context.Context, name string) (*api.Image, error) {
 	if err := json.Unmarshal(img.Doc, &out); err != nil {
 		return nil, err
 	}
+	hideOwner(ctx, &out)
 	return &out, nil
+}
+
+// hideOwner clears an image's owner for a scoped request that is not its
+// owner: images are shared, other tokens' ids are not.
+func hideOwner(ctx context.Context, img *api.Image) {
+	if sc := ScopeFrom(ctx); !sc.IsAdmin() && img.Owner != sc.owner() {
+		img.Owner = ""
+	}
 }
 
 // Images lists every image, the built-in one first.
@@ -55,6 +64,7 @@ func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) {
 	for _, i := range all {
 		var img api.Image
 		if json.Unmarshal(i.Doc, &img) == nil && !strings.HasPrefix(img.Name, cachePrefix) {
+			hideOwner(ctx, &img)
 			out = append(out, &img)
 		}
 	}

@@ -225,6 +225,14 @@ func TestTokenStorageCaps(t *testing.T) {
 	if owned != 1 {
 		t.Fatalf("%d images owned by the token, want 1", owned)
 	}
+	// Another token sees the shared image, not whose it is.
+	_, other := te.newToken(t, api.TokenRequest{Name: "other"})
+	imgs, _ = other.Images(ctx)
+	for _, i := range imgs {
+		if i.Owner != "" {
+			t.Fatalf("another token sees image %s's owner %s", i.Name, i.Owner)
+		}
+	}
 	// Room again once one is removed.
 	snaps, _ := c.Snapshots(ctx, "")
 	if err := c.RemoveSnapshot(ctx, snaps[0].ID); err != nil {
