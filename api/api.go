@@ -222,7 +222,8 @@ type Image struct {
 	CreatedAt   time.Time           `json:"created_at"`
 	Config      ImageConfig         `json:"config,omitzero"`
 	// Owner is the scoped token that imported, built or committed the
-	// image; empty for the admin's.
+	// image; empty for the admin's, and shown to the admin and that token
+	// only.
 	Owner string `json:"owner,omitempty"`
 }
 
