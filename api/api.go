@@ -87,7 +87,8 @@ type Limits struct {
 	Memory Size    `json:"memory,omitempty"`
 	Pids   int     `json:"pids,omitempty"`
 	// Disk caps the bytes the sandbox's writable layer may hold, enforced
-	// by the kernel (writes past it fail with a quota error inside).
+	// by the kernel (writes past it fail with a quota error inside). Zero:
+	// the daemon's default (den serve --default-disk) or the token's cap.
 	Disk Size `json:"disk,omitempty"`
 }
 
@@ -220,6 +221,10 @@ type Image struct {
 	Size        int64               `json:"size"`
 	CreatedAt   time.Time           `json:"created_at"`
 	Config      ImageConfig         `json:"config,omitzero"`
+	// Owner is the scoped token that imported, built or committed the
+	// image; empty for the admin's, and shown to the admin and that token
+	// only.
+	Owner string `json:"owner,omitempty"`
 }
 
 // PullRequest is the body of POST /v1/images/pull.
@@ -280,6 +285,13 @@ type Info struct {
 	// Storage is how sandbox files are kept: "btrfs" (snapshots, quotas)
 	// or "dir".
 	Storage string `json:"storage,omitempty"`
+	// StorageSize is the size of den's storage, StorageReserve the part
+	// of it no sandbox, snapshot or volume may take, and DefaultDisk the
+	// disk quota of sandboxes and volumes that set none (0: unlimited, or
+	// no quotas).
+	StorageSize    Size `json:"storage_size,omitempty"`
+	StorageReserve Size `json:"storage_reserve,omitempty"`
+	DefaultDisk    Size `json:"default_disk,omitempty"`
 	// Network says whether sandboxes can have networked modes.
 	Network bool `json:"network"`
 }

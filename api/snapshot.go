@@ -111,5 +111,7 @@ type Volume struct {
 // VolumeRequest is the body of POST /v1/volumes.
 type VolumeRequest struct {
 	Name string `json:"name"`
-	Size Size   `json:"size,omitempty"`
+	// Size is the volume's quota (btrfs storage only); 0: the daemon's
+	// default disk quota, or a scoped token's disk cap.
+	Size Size `json:"size,omitempty"`
 }

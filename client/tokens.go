@@ -11,7 +11,8 @@ import (
 // CreateToken makes a scoped API token (admin only). The answer's Token
 // field is the secret, given this once: den keeps only its hash. A client
 // whose Token is that secret sees and controls only the sandboxes it
-// creates.
+// creates, within the bounds and caps of req (sandboxes, volumes,
+// snapshots and images it may have; CPUs, memory and disk of each).
 func (c *Client) CreateToken(ctx context.Context, req api.TokenRequest) (*api.Token, error) {
 	var t api.Token
 	if err := c.call(ctx, http.MethodPost, "/v1/tokens", nil, req, &t); err != nil {

@@ -57,7 +57,7 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(durationValue{&o.ttl}, "ttl", "", "DURATION", "remove the sandbox after this long, like 1h")
 	f.Var(durationValue{&o.idleTimeout}, "idle-timeout", "", "DURATION", "stop the sandbox after this long without exec, file or process activity, like 30m (files are kept; den start resumes it)")
 	f.Var(stringValue{&o.idleAction}, "idle-action", "", "ACTION", "what the idle timeout does: stop (default), pause (freeze, memory kept) or hibernate (memory freed, files kept); any use resumes the sandbox")
-	f.Var(sizeValue{&o.disk}, "disk", "", "SIZE", "disk quota of the sandbox's own files, like 10g (enforced by the kernel)")
+	f.Var(sizeValue{&o.disk}, "disk", "", "SIZE", "disk quota of the sandbox's own files, like 10g (enforced by the kernel; default: the daemon's --default-disk, see den info)")
 	f.Var(stringValue{&o.from}, "from", "", "SNAPSHOT", "start from a snapshot's files (and its image and settings unless flags say otherwise)")
 	f.Var(listValue{&o.volumes, checkVolume}, "volume", "v", "NAME:/PATH[:ro]", "attach a volume (den volume create; repeatable)")
 	f.Var(listValue{&o.mounts, checkMount}, "mount", "", "type=bind,src=DIR,dst=/PATH[,ro]", "bind a host directory the daemon allows (den serve --allow-mount; repeatable)")

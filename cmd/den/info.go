@@ -40,6 +40,15 @@ func cmdInfo(c *cli, v *verb, args []string) error {
 	fmt.Fprintf(c.stdout, "den %s", info.Version)
 	if info.Storage != "" {
 		fmt.Fprintf(c.stdout, ", storage %s", info.Storage)
+		if info.StorageSize > 0 {
+			disk := "unlimited"
+			if info.Storage == "dir" {
+				disk = "none (no quotas)"
+			} else if info.DefaultDisk > 0 {
+				disk = humanSize(int64(info.DefaultDisk))
+			}
+			fmt.Fprintf(c.stdout, " (%s, reserve %s, default disk %s)", humanSize(int64(info.StorageSize)), humanSize(int64(info.StorageReserve)), disk)
+		}
 	}
 	if info.Cgroup != "" {
 		fmt.Fprintf(c.stdout, ", cgroup %s", info.Cgroup)

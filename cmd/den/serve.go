@@ -57,6 +57,7 @@ func cmdServe(args []string) error {
 	defMem := fs.String("default-memory", "2g", "memory limit for sandboxes that set none (0 = unlimited)")
 	defPids := fs.Int("default-pids", 4096, "process limit for sandboxes that set none (0 = unlimited)")
 	defCPUs := fs.Float64("default-cpus", 0, "CPU limit for sandboxes that set none (0 = unlimited)")
+	defDisk := fs.String("default-disk", "auto", "disk quota of sandboxes and volumes that set none, like 10g: auto = 10g or a quarter of den's storage, whichever is smaller; 0 or none = unlimited (needs btrfs storage)")
 	netOn := fs.Bool("net", true, "give networked sandboxes (--net allow|open) a veth on den's bridge, egress through den's proxy (needs nftables)")
 	bridge := fs.String("bridge", "den0", "bridge for sandbox networking")
 	subnet := fs.String("subnet", "10.88.0.0/16", "IPv4 subnet of the sandbox bridge")
@@ -64,6 +65,7 @@ func cmdServe(args []string) error {
 	warm := fs.Int("warm", 2, "fresh host-image sandboxes kept booted so creates are instant (0 = none)")
 	storageMode := fs.String("storage", "auto", "where sandbox files live: btrfs (a filesystem den manages in DATA/storage.img, mounted at DATA/fs: instant snapshots and forks, disk quotas), dir (plain directories: snapshots copy, no quotas) or auto (btrfs when possible)")
 	storageSize := fs.String("storage-size", "", "size of a new DATA/storage.img, like 200g (default: 90% of the free space where DATA is; the file is sparse)")
+	storageReserve := fs.String("storage-reserve", "", "space of den's storage no sandbox, snapshot or volume may use, like 5g, so the filesystem and the daemon keep working when they fill up (default: 10% of it, 256m to 10g)")
 	var allowMounts listenFlag
 	fs.Var(&allowMounts, "allow-mount", "host directory sandboxes may bind-mount with --mount (repeatable; none by default)")
 	defRuntime := fs.String("runtime", "linux", "default isolation tier of new sandboxes: linux, gvisor or microvm (den create --runtime picks per sandbox)")
@@ -88,13 +90,21 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return &usageError{verb: "serve", msg: "--default-memory: " + err.Error()}
 	}
-	var stSize int64
-	if *storageSize != "" {
-		n, err := api.ParseSize(*storageSize)
-		if err != nil {
-			return &usageError{verb: "serve", msg: "--storage-size: " + err.Error()}
+	var stSize, stReserve int64
+	for _, f := range []struct {
+		name, v string
+		dst     *int64
+	}{{"storage-size", *storageSize, &stSize}, {"storage-reserve", *storageReserve, &stReserve}} {
+		if f.v != "" {
+			n, err := api.ParseSize(f.v)
+			if err != nil {
+				return &usageError{verb: "serve", msg: "--" + f.name + ": " + err.Error()}
+			}
+			*f.dst = int64(n)
 		}
-		stSize = int64(n)
+	}
+	if _, _, err := parseDefaultDisk(*defDisk); err != nil {
+		return &usageError{verb: "serve", msg: "--default-disk: " + err.Error()}
 	}
 	if len(listens) == 0 {
 		listens = listenFlag{"unix://" + filepath.Join(*runDir, "den.sock")}
@@ -121,7 +131,7 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
 	}
-	st, err := storage.Open(storage.Config{Dir: *data, Size: stSize, Mode: *storageMode})
+	st, err := storage.Open(storage.Config{Dir: *data, Size: stSize, Mode: *storageMode, Reserve: stReserve})
 	if err != nil {
 		return fmt.Errorf("storage: %w", err)
 	}
@@ -129,6 +139,15 @@ func cmdServe(args []string) error {
 	if st.Kind() != "btrfs" {
 		log.Info("sandbox files in plain directories: snapshots copy files, no disk quotas", "why", st.Why())
 	}
+	disk := defaultDisk(*defDisk, st)
+	switch {
+	case !st.Quotas():
+		disk = 0
+		log.Warn("no disk quotas (--default-disk has no effect): one sandbox can fill den's storage; new sandboxes are refused once its free space falls into the reserve", "reserve", api.Size(st.Reserve()), "why", st.Why())
+	case !st.ReserveEnforced():
+		log.Warn("den's storage reserve is not enforced by the kernel", "why", st.Why())
+	}
+	log.Info("storage", "kind", st.Kind(), "size", api.Size(st.Size()), "reserve", api.Size(st.Reserve()), "default_disk", api.Size(disk))
 	var nw *linux.Network
 	if *netOn {
 		pfx, err := netip.ParsePrefix(*subnet)
@@ -153,7 +172,7 @@ func cmdServe(args []string) error {
 	ctx := context.Background()
 	cfg := sandbox.Config{
 		DataDir: *data, Runtime: defRT, Tiers: tiers.runtimes, Unavailable: tiers.unavailable, Store: db, Images: images, Log: log,
-		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs}, WarmPool: *warm,
+		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs, Disk: disk}, WarmPool: *warm,
 		PreviewDomain: *previewDomain, Storage: st, AllowMounts: allowMounts,
 	}
 	if nw != nil {
@@ -173,7 +192,10 @@ func cmdServe(args []string) error {
 		defer eg.Close()
 	}
 	h := server.New(m, db, log, version, rt.CgroupVersion())
-	h.SetInfo(api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil})
+	info := api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil,
+		StorageSize: api.Size(st.Size()), StorageReserve: api.Size(st.Reserve())}
+	info.DefaultDisk = disk
+	h.SetInfo(info)
 
 	mcpH, stopMCP := mcpHandler(h, log)
 	defer stopMCP()
@@ -233,6 +255,36 @@ func boundShutdown(log *slog.Logger, grace time.Duration, sig <-chan os.Signal) 
 		log.Error("second signal during shutdown: exiting at once", "signal", s.String())
 	}
 	os.Exit(1)
+}
+
+// parseDefaultDisk reads --default-disk: auto (the default), 0 or none
+// (unlimited), or a size.
+func parseDefaultDisk(v string) (size api.Size, auto bool, err error) {
+	switch v {
+	case "auto", "":
+		return 0, true, nil
+	case "none":
+		return 0, false, nil
+	}
+	n, err := api.ParseSize(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("%v (want a size like 10g, auto, or 0/none for unlimited)", err)
+	}
+	if n > 0 && n < 16<<20 {
+		return 0, false, fmt.Errorf("%s is below the minimum of 16m", n)
+	}
+	return n, false, nil
+}
+
+// defaultDisk is the disk quota of sandboxes that set none: for auto, 10
+// GiB or a quarter of den's storage, whichever is smaller, so that one
+// sandbox filling its quota leaves room for the others.
+func defaultDisk(v string, st *storage.Store) api.Size {
+	n, auto, _ := parseDefaultDisk(v)
+	if !auto {
+		return n
+	}
+	return api.Size(min(10<<30, st.Size()/4))
 }
 
 func envOr(k, def string) string {

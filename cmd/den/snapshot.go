@@ -328,7 +328,7 @@ var verbVolumeCreate = &verb{
 	run: func(c *cli, v *verb, args []string) error {
 		f := newFlags(v)
 		var size api.Size
-		f.Var(sizeValue{&size}, "size", "", "SIZE", "quota, like 10g (enforced by the kernel)")
+		f.Var(sizeValue{&size}, "size", "", "SIZE", "quota, like 10g (enforced by the kernel; default: the daemon's --default-disk, or a token's --disk cap)")
 		jsonOut := f.jsonFlag("print the volume as JSON")
 		pos, _, err := f.parse(args, 1, c.stdout)
 		if err != nil {

@@ -55,11 +55,12 @@ func newTokenDaemon(t *testing.T) *tokenDaemon {
 
 func TestTokenCLI(t *testing.T) {
 	d := newTokenDaemon(t)
-	r := den(t, nil, "", "--host", d.host, "token", "create", "--name", "ci", "--max-sandboxes", "3", "--cpus", "1.5", "--memory", "2g")
+	r := den(t, nil, "", "--host", d.host, "token", "create", "--name", "ci", "--max-sandboxes", "3", "--cpus", "1.5", "--memory", "2g",
+		"--disk", "5g", "--max-volumes", "2", "--max-snapshots", "4", "--max-images", "1")
 	if r.code != 0 || r.stdout != "den_SECRET\n" || !strings.Contains(r.stderr, "cannot show it again") {
 		t.Fatalf("token create: %+v", r)
 	}
-	if len(d.reqs) != 1 || d.reqs[0] != (api.TokenRequest{Name: "ci", MaxSandboxes: 3, CPUs: 1.5, Memory: 2 << 30}) {
+	if len(d.reqs) != 1 || d.reqs[0] != (api.TokenRequest{Name: "ci", MaxSandboxes: 3, CPUs: 1.5, Memory: 2 << 30, Disk: 5 << 30, MaxVolumes: 2, MaxSnapshots: 4, MaxImages: 1}) {
 		t.Fatalf("sent %+v", d.reqs)
 	}
 	r = den(t, nil, "", "--host", d.host, "token", "create", "--name", "ci", "--json")
@@ -82,6 +83,9 @@ func TestTokenCLI(t *testing.T) {
 		{[]string{"token", "create", "--name", "x", "--max-sandboxes", "three"}, "want a whole number"},
 		{[]string{"token", "create", "--name", "x", "--max-sandboxes", "-1"}, "want a whole number"},
 		{[]string{"token", "create", "--name", "x", "--memory", "12q"}, "--memory"},
+		{[]string{"token", "create", "--name", "x", "--disk", "12q"}, "--disk"},
+		{[]string{"token", "create", "--name", "x", "--max-volumes", "-1"}, "--max-volumes"},
+		{[]string{"token", "create", "--name", "x", "--max-images", "many"}, "--max-images"},
 		{[]string{"token", "create", "--name", "x", "--cpus", "-2"}, "negative"},
 		{[]string{"token", "create", "--name", "x", "extra"}, "no arguments"},
 		{[]string{"token", "ls", "extra"}, "no arguments"},
@@ -110,7 +114,7 @@ func TestTokenCLI(t *testing.T) {
 		t.Fatalf("token rm: %+v %v", r, d.gone)
 	}
 	h := den(t, nil, "", "help", "token", "create")
-	for _, w := range []string{"--max-sandboxes", "--cpus", "--memory", "--json", "shown this\nonce"} {
+	for _, w := range []string{"--max-sandboxes", "--max-volumes", "--max-snapshots", "--max-images", "--cpus", "--memory", "--disk", "--json", "shown this\nonce"} {
 		if !strings.Contains(h.stdout, w) {
 			t.Errorf("den help token create lacks %q:\n%s", w, h.stdout)
 		}

@@ -78,6 +78,10 @@ type Limits struct {
 	CPUs   float64
 	Memory int64
 	Pids   int
+	// Disk is the quota on the box's directory (0: none), which the
+	// storage enforces; a tier that keeps a disk image there sizes it to
+	// fit, so the box sees a full disk rather than I/O errors.
+	Disk int64
 }
 
 // Runtime is one isolation tier.

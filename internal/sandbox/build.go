@@ -487,6 +487,9 @@ const MaxBuildContext = 4 << 30
 // BuildFromTar unpacks an uploaded build context (a tar stream) into a
 // private temporary directory and builds it.
 func (m *Manager) BuildFromTar(ctx context.Context, r io.Reader, req BuildRequest, out io.Writer) (*api.Image, error) {
+	if err := m.mayAdd(ctx, boundImages); err != nil {
+		return nil, err
+	}
 	tmp := filepath.Join(m.cfg.DataDir, "tmp")
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, err

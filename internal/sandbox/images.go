@@ -42,7 +42,16 @@ func (m *Manager) Image(ctx context.Context, name string) (*api.Image, error) {
 	if err := json.Unmarshal(img.Doc, &out); err != nil {
 		return nil, err
 	}
+	hideOwner(ctx, &out)
 	return &out, nil
+}
+
+// hideOwner clears an image's owner for a scoped request that is not its
+// owner: images are shared, other tokens' ids are not.
+func hideOwner(ctx context.Context, img *api.Image) {
+	if sc := ScopeFrom(ctx); !sc.IsAdmin() && img.Owner != sc.owner() {
+		img.Owner = ""
+	}
 }
 
 // Images lists every image, the built-in one first.
@@ -55,6 +64,7 @@ func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) {
 	for _, i := range all {
 		var img api.Image
 		if json.Unmarshal(i.Doc, &img) == nil && !strings.HasPrefix(img.Name, cachePrefix) {
+			hideOwner(ctx, &img)
 			out = append(out, &img)
 		}
 	}
@@ -67,6 +77,12 @@ func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) {
 func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, progress image.Progress) ([]*api.Image, error) {
 	if name != "" && (!validImageName(name) || name == HostImage) {
 		return nil, api.FieldError("name", "%q is not a usable image name (lower case letters, digits, ._/:@-; not \"host\")", name)
+	}
+	if err := m.mayAdd(ctx, boundImages); err != nil {
+		return nil, err
+	}
+	if err := m.room(); err != nil {
+		return nil, err
 	}
 	imgs, err := m.images.ImportReader(ctx, r, progress)
 	if err != nil {
@@ -175,7 +191,16 @@ func (m *Manager) putImage(ctx context.Context, img *api.Image) error {
 	if img.Name == HostImage {
 		return api.FieldError("name", "\"host\" is the built-in image")
 	}
-	if sc := ScopeFrom(ctx); !sc.IsAdmin() && !strings.HasPrefix(img.Name, cachePrefix+sc.owner()+"-") {
+	sc := ScopeFrom(ctx)
+	if !strings.HasPrefix(img.Name, cachePrefix) {
+		img.Owner = sc.owner()
+		admitted, err := m.admitN(ctx, boundImages, 1)
+		if err != nil {
+			return err
+		}
+		defer admitted()
+	}
+	if !sc.IsAdmin() && !strings.HasPrefix(img.Name, cachePrefix+sc.owner()+"-") {
 		// Images are shared: a token adds new ones but never replaces
 		// one that others may run.
 		if _, err := m.db.GetImage(ctx, img.Name); err == nil {

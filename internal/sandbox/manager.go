@@ -657,6 +657,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
+	if err := m.room(); err != nil {
+		return nil, err
+	}
 	admitted, err := m.admit(ctx, 1)
 	if err != nil {
 		return nil, err
@@ -735,7 +738,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 		Layers: layers, UIDBase: rec.UIDBase, Mounts: mounts,
 		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536,
 		NetBandwidth: int64(rec.Network.Bandwidth),
-		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids},
+		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids, Disk: int64(rec.Limits.Disk)},
 	}, nil
 }
 
@@ -1038,7 +1041,28 @@ func (m *Manager) limits(l api.Limits) api.Limits {
 	if l.Pids == 0 {
 		l.Pids = m.cfg.Defaults.Pids
 	}
+	if l.Disk == 0 {
+		l.Disk = m.defaultDisk()
+	}
 	return l
+}
+
+// defaultDisk is the disk quota of a sandbox or volume that asks for none:
+// the configured default where the storage has quotas, else none.
+func (m *Manager) defaultDisk() api.Size {
+	if !m.cfg.Storage.Quotas() {
+		return 0
+	}
+	return m.cfg.Defaults.Disk
+}
+
+// room refuses new sandboxes, forks and volumes while den's storage, or the
+// host filesystem under it, is too full for them.
+func (m *Manager) room() error {
+	if err := m.cfg.Storage.Room(); err != nil {
+		return api.Errorf(api.KindConflict, "%v: remove sandboxes, snapshots, volumes or images to make room (den rm, den snapshot rm, den volume rm, den image prune)", err)
+	}
+	return nil
 }
 
 // applyRequest fills rec from a create request.
@@ -1169,7 +1193,15 @@ func (m *Manager) bootPooled() (*pooled, error) {
 	}
 	spec, err := m.spec(ctx, rec)
 	if err == nil {
+		err = m.room()
+	}
+	if err == nil {
 		err = m.newTree(spec.Dir)
+		if err == nil {
+			if err = m.setQuota(spec.Dir, rec.Limits.Disk); err != nil {
+				m.deleteTree(spec.Dir)
+			}
+		}
 	}
 	if err != nil {
 		m.db.DeleteSandbox(ctx, id)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 
@@ -24,10 +25,13 @@ type Scope struct {
 	Owner string
 	// Sandbox, when set, narrows the scope further to that one sandbox id.
 	Sandbox string
-	// MaxSandboxes bounds the sandboxes Owner may have at once (0: no bound).
-	MaxSandboxes int
-	// Caps bound the CPUs and memory of each sandbox Owner creates (zero:
-	// no cap); a create without limits gets the caps as its limits.
+	// MaxSandboxes bounds the sandboxes Owner may have at once (0: no
+	// bound); MaxVolumes, MaxSnapshots and MaxImages its volumes,
+	// snapshots and images.
+	MaxSandboxes, MaxVolumes, MaxSnapshots, MaxImages int
+	// Caps bound the CPUs, memory and disk of each sandbox Owner creates
+	// (zero: no cap); a create without limits gets the caps as its limits.
+	// Caps.Disk also bounds (and is the default size of) its volumes.
 	Caps api.Limits
 }
 
@@ -130,44 +134,91 @@ func (s *Scope) applyCaps(l *api.Limits) error {
 			return api.FieldError("limits.memory", "%s is above this token's cap of %s", l.Memory, c.Memory)
 		}
 	}
+	return s.capDisk("limits.disk", &l.Disk)
+}
+
+// capDisk gives a scoped request the scope's disk cap where it asks for no
+// size, and refuses a size above the cap (field names the request's
+// field).
+func (s *Scope) capDisk(field string, size *api.Size) error {
+	if s == nil || s.Caps.Disk <= 0 {
+		return nil
+	}
+	if *size == 0 {
+		*size = s.Caps.Disk
+	} else if *size > s.Caps.Disk {
+		return api.FieldError(field, "%s is above this token's disk cap of %s", *size, s.Caps.Disk)
+	}
 	return nil
 }
 
-// admission serialises, per owner, the count of an owner's sandboxes and
-// the recording of a new one, so parallel creates cannot pass a quota
-// together.
+// admission serialises, per owner and kind of thing, the count of what an
+// owner has and the recording of a new one, so parallel requests cannot
+// pass a bound together.
 type admission struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
 }
 
+// A bounded is a kind of thing a scoped token may have a bounded number of.
+type bounded struct {
+	what  string                                                           // plural, for messages: "sandboxes"
+	max   func(*Scope) int                                                 // the scope's bound (0: none)
+	count func(m *Manager, ctx context.Context, owner string) (int, error) // how many owner has
+	free  string                                                           // how to make room, for messages
+}
+
+var (
+	boundSandboxes = bounded{"sandboxes", func(s *Scope) int { return s.MaxSandboxes }, (*Manager).CountOwned, "remove one (den rm) first"}
+	boundVolumes   = bounded{"volumes", func(s *Scope) int { return s.MaxVolumes }, (*Manager).countVolumes, "remove one (den volume rm) first"}
+	boundSnapshots = bounded{"snapshots", func(s *Scope) int { return s.MaxSnapshots }, (*Manager).countSnapshots, "remove one (den snapshot rm) first"}
+	boundImages    = bounded{"images", func(s *Scope) int { return s.MaxImages }, (*Manager).countImages, "ask the admin to remove one (den image rm)"}
+)
+
 // admit checks that the scope's owner may have n more sandboxes. On
 // success the caller records them and then calls done (which releases the
 // owner's admission lock); on failure nothing is held.
 func (m *Manager) admit(ctx context.Context, n int) (done func(), err error) {
+	return m.admitN(ctx, boundSandboxes, n)
+}
+
+// mayAdd refuses early, before long work, a request that would make one
+// more of b than the scope may have (admitN checks again when it is
+// recorded).
+func (m *Manager) mayAdd(ctx context.Context, b bounded) error {
+	done, err := m.admitN(ctx, b, 1)
+	if err == nil {
+		done()
+	}
+	return err
+}
+
+// admitN is admit for any bounded kind.
+func (m *Manager) admitN(ctx context.Context, b bounded, n int) (done func(), err error) {
 	s := ScopeFrom(ctx)
-	if s == nil || s.Owner == "" || s.MaxSandboxes <= 0 || s.All {
+	if s == nil || s.Owner == "" || s.All || b.max(s) <= 0 {
 		return func() {}, nil
 	}
+	key := s.Owner + "/" + b.what
 	m.adm.mu.Lock()
 	if m.adm.locks == nil {
 		m.adm.locks = map[string]*sync.Mutex{}
 	}
-	l, ok := m.adm.locks[s.Owner]
+	l, ok := m.adm.locks[key]
 	if !ok {
 		l = &sync.Mutex{}
-		m.adm.locks[s.Owner] = l
+		m.adm.locks[key] = l
 	}
 	m.adm.mu.Unlock()
 	l.Lock()
-	have, err := m.CountOwned(ctx, s.Owner)
+	have, err := b.count(m, ctx, s.Owner)
 	if err != nil {
 		l.Unlock()
 		return nil, err
 	}
-	if have+n > s.MaxSandboxes {
+	if max := b.max(s); have+n > max {
 		l.Unlock()
-		return nil, api.Errorf(api.KindConflict, "quota: this token may have at most %d sandboxes and has %d: remove one (den rm) first", s.MaxSandboxes, have)
+		return nil, api.Errorf(api.KindConflict, "quota: this token may have at most %d %s and has %d: %s", max, b.what, have, b.free)
 	}
 	var once sync.Once
 	return func() { once.Do(l.Unlock) }, nil
@@ -182,6 +233,55 @@ func (m *Manager) CountOwned(ctx context.Context, owner string) (int, error) {
 	n := 0
 	for _, s := range all {
 		if rec, err := decodeRecord(s); err == nil && rec.State != stateWarm && rec.Owner == owner {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// countVolumes is how many volumes owner has.
+func (m *Manager) countVolumes(ctx context.Context, owner string) (int, error) {
+	return m.countObjects(ctx, kindVolume, owner)
+}
+
+// countSnapshots is how many snapshots owner has.
+func (m *Manager) countSnapshots(ctx context.Context, owner string) (int, error) {
+	return m.countObjects(ctx, kindSnapshot, owner)
+}
+
+// countObjects counts the objects of kind whose document names owner as
+// its Owner.
+func (m *Manager) countObjects(ctx context.Context, kind, owner string) (int, error) {
+	objs, err := m.db.ListObjects(ctx, kind, "")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, o := range objs {
+		if ownedBy(o.Doc, owner) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// ownedBy reports whether the API document doc has owner as its Owner.
+func ownedBy(doc []byte, owner string) bool {
+	var d struct {
+		Owner string `json:"owner"`
+	}
+	return json.Unmarshal(doc, &d) == nil && d.Owner == owner
+}
+
+// countImages is how many images owner has (build caches not counted).
+func (m *Manager) countImages(ctx context.Context, owner string) (int, error) {
+	all, err := m.db.ListImages(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, i := range all {
+		if !strings.HasPrefix(i.Name, cachePrefix) && ownedBy(i.Doc, owner) {
 			n++
 		}
 	}

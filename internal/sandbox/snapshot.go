@@ -40,6 +40,9 @@ func (m *Manager) manifestPath(id string) string {
 	return filepath.Join(m.manifestsDir(), id+".json")
 }
 
+// DiskQuotas reports whether this daemon's storage enforces disk quotas.
+func (m *Manager) DiskQuotas() bool { return m.cfg.Storage.Quotas() }
+
 // SandboxesDir, SnapshotsDir and VolumesDir are where the trees live.
 func (m *Manager) SandboxesDir() string { return m.sandboxesDir() }
 func (m *Manager) SnapshotsDir() string { return m.snapshotsDir() }
@@ -245,6 +248,11 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 			return nil, err
 		}
 	}
+	admitted, err := m.admitN(ctx, boundSnapshots, 1)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	snap := &api.Snapshot{
 		ID: newID(), Name: req.Name, Sandbox: rec.ID, Owner: rec.Owner, Image: rec.Image, CreatedAt: time.Now().UTC(),
 		Runtime: rec.Runtime, Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
@@ -504,6 +512,10 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 			unlock()
 			return nil, err
 		}
+	}
+	if err := m.room(); err != nil {
+		unlock()
+		return nil, err
 	}
 	// Forks belong to the source's owner; the quota lock is held until
 	// they are recorded (or failed).

@@ -193,6 +193,11 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 	if err := readJSON("manifest.json", &want); err != nil {
 		return nil, err
 	}
+	admitted, err := m.admitN(ctx, boundSnapshots, 1)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	newID := newID()
 	if err := os.MkdirAll(m.snapshotsDir(), 0o700); err != nil {
 		return nil, err
@@ -202,6 +207,12 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 		return nil, err
 	}
 	defer m.deleteTree(work)
+	// A token loads no more than one of its sandboxes may hold.
+	if sc := ScopeFrom(ctx); sc != nil && sc.Caps.Disk > 0 {
+		if err := m.setQuota(work, sc.Caps.Disk); err != nil {
+			return nil, err
+		}
+	}
 	upper := filepath.Join(work, "upper")
 	if err := os.Mkdir(upper, 0o755); err != nil {
 		return nil, err

@@ -39,9 +39,23 @@ func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (*api
 	if req.Size < 0 {
 		return nil, api.FieldError("size", "must not be negative")
 	}
+	if err := ScopeFrom(ctx).capDisk("size", &req.Size); err != nil {
+		return nil, err
+	}
+	if req.Size == 0 {
+		req.Size = m.defaultDisk()
+	}
 	if req.Size > 0 && !m.cfg.Storage.Quotas() {
 		return nil, api.FieldError("size", "volume quotas need den's managed filesystem (btrfs), which this daemon does not have: see den info")
 	}
+	if err := m.room(); err != nil {
+		return nil, err
+	}
+	admitted, err := m.admitN(ctx, boundVolumes, 1)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	unlock := m.lock("volume:" + req.Name)
 	defer unlock()
 	if _, err := m.db.GetObject(ctx, kindVolume, req.Name); err == nil {

@@ -65,7 +65,8 @@ func (s *Server) scopeFor(ctx context.Context, p *Principal) (*sandbox.Scope, er
 		if err != nil {
 			return nil, api.Errorf(api.KindUnauthorized, "token %s is revoked or unknown", p.TokenID)
 		}
-		sc = &sandbox.Scope{Owner: doc.ID, MaxSandboxes: doc.MaxSandboxes, Caps: api.Limits{CPUs: doc.CPUs, Memory: doc.Memory}}
+		sc = &sandbox.Scope{Owner: doc.ID, MaxSandboxes: doc.MaxSandboxes, MaxVolumes: doc.MaxVolumes, MaxSnapshots: doc.MaxSnapshots, MaxImages: doc.MaxImages,
+			Caps: api.Limits{CPUs: doc.CPUs, Memory: doc.Memory, Disk: doc.Disk}}
 	default:
 		return nil, api.Errorf(api.KindUnauthorized, "no credentials: send a bearer token (DEN_TOKEN)")
 	}

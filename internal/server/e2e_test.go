@@ -68,6 +68,9 @@ type env struct {
 	// (and the reasons of missing ones) beside the linux default.
 	tiers       map[string]isolate.Runtime
 	unavailable map[string]string
+	// defDisk, when set before start, is the daemon's default disk
+	// quota (den serve --default-disk).
+	defDisk api.Size
 }
 
 var envSeq struct {
@@ -136,7 +139,7 @@ func (e *env) start(t *testing.T, imgs *image.Store) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	m, err := sandbox.New(context.Background(), sandbox.Config{
 		DataDir: e.data, Runtime: e.rt, Store: e.db, Images: imgs, Log: log,
-		Defaults: api.Limits{Memory: 512 << 20, Pids: 512}, WarmPool: e.pool,
+		Defaults: api.Limits{Memory: 512 << 20, Pids: 512, Disk: e.defDisk}, WarmPool: e.pool,
 		Storage: e.st, AllowMounts: e.allow, Tiers: e.tiers, Unavailable: e.unavailable,
 	})
 	if err != nil {

@@ -24,6 +24,13 @@ import (
 // (skipped where btrfs cannot be set up).
 func newBtrfsEnv(t *testing.T, allow ...string) *env {
 	t.Helper()
+	return newBtrfsEnvWith(t, func(e *env) { e.allow = allow })
+}
+
+// newBtrfsEnvWith is newBtrfsEnv with a chance to set up the env before
+// the daemon starts.
+func newBtrfsEnvWith(t *testing.T, setup func(e *env)) *env {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
@@ -36,7 +43,8 @@ func newBtrfsEnv(t *testing.T, allow ...string) *env {
 			t.Fatalf("btrfs storage on a host with mkfs.btrfs: %v", err)
 		}
 		t.Cleanup(func() { st.Unmount() })
-		e.st, e.allow = st, allow
+		e.st = st
+		setup(e)
 	})
 }
 

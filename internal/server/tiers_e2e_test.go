@@ -24,25 +24,29 @@ import (
 // newTierEnv is a daemon offering the gvisor and microvm tiers where this
 // machine runs them; the reasons of missing ones are what den info says.
 func newTierEnv(t *testing.T) *env {
-	return newEnvWith(t, 0, func(e *env) {
-		e.tiers = map[string]isolate.Runtime{"linux": e.rt}
-		e.unavailable = map[string]string{}
-		run := fmt.Sprintf("/run/den-e2e/tiers-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_"))
-		if g, err := gvisor.New(gvisor.Config{RunDir: run + "/gvisor", CgroupParent: "den-e2e", Runsc: os.Getenv("DEN_RUNSC")}); err != nil {
-			e.unavailable["gvisor"] = err.Error()
-		} else {
-			e.tiers["gvisor"] = g
-		}
-		if m, err := microvm.New(microvm.Config{RunDir: run + "/microvm", StateDir: "/var/tmp/den-e2e-microvm"}); err != nil {
-			e.unavailable["microvm"] = err.Error()
-		} else {
-			e.tiers["microvm"] = m
-		}
-		t.Cleanup(func() {
-			unmountRunDir(run + "/gvisor")
-			unmountRunDir(run + "/microvm")
-			os.RemoveAll(run)
-		})
+	return newEnvWith(t, 0, func(e *env) { addTiers(t, e) })
+}
+
+// addTiers gives e, before it starts, the gvisor and microvm tiers where
+// this machine runs them.
+func addTiers(t *testing.T, e *env) {
+	e.tiers = map[string]isolate.Runtime{"linux": e.rt}
+	e.unavailable = map[string]string{}
+	run := fmt.Sprintf("/run/den-e2e/tiers-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_"))
+	if g, err := gvisor.New(gvisor.Config{RunDir: run + "/gvisor", CgroupParent: "den-e2e", Runsc: os.Getenv("DEN_RUNSC")}); err != nil {
+		e.unavailable["gvisor"] = err.Error()
+	} else {
+		e.tiers["gvisor"] = g
+	}
+	if m, err := microvm.New(microvm.Config{RunDir: run + "/microvm", StateDir: "/var/tmp/den-e2e-microvm"}); err != nil {
+		e.unavailable["microvm"] = err.Error()
+	} else {
+		e.tiers["microvm"] = m
+	}
+	t.Cleanup(func() {
+		unmountRunDir(run + "/gvisor")
+		unmountRunDir(run + "/microvm")
+		os.RemoveAll(run)
 	})
 }
 

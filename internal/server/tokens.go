@@ -64,8 +64,13 @@ func validateTokenRequest(req *api.TokenRequest) error {
 	if !validTokenName(req.Name) {
 		return api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
 	}
-	if req.MaxSandboxes < 0 {
-		return api.FieldError("max_sandboxes", "%d is negative: use 0 for no bound", req.MaxSandboxes)
+	for _, c := range []struct {
+		field string
+		n     int
+	}{{"max_sandboxes", req.MaxSandboxes}, {"max_volumes", req.MaxVolumes}, {"max_snapshots", req.MaxSnapshots}, {"max_images", req.MaxImages}} {
+		if c.n < 0 {
+			return api.FieldError(c.field, "%d is negative: use 0 for no bound", c.n)
+		}
 	}
 	if req.CPUs < 0 || req.CPUs > float64(runtime.NumCPU()) {
 		return api.FieldError("cpus", "%g is out of range: this host has %d CPUs (0: no cap)", req.CPUs, runtime.NumCPU())
@@ -76,6 +81,9 @@ func validateTokenRequest(req *api.TokenRequest) error {
 	if req.Memory < 0 || req.Memory > 0 && req.Memory < 8<<20 {
 		return api.FieldError("memory", "%s is below the minimum of 8m (0: no cap)", req.Memory)
 	}
+	if req.Disk < 0 || req.Disk > 0 && req.Disk < 16<<20 {
+		return api.FieldError("disk", "%s is below the minimum of 16m (0: no cap)", req.Disk)
+	}
 	return nil
 }
 
@@ -85,13 +93,17 @@ func (s *Server) CreateToken(ctx context.Context, req api.TokenRequest) (*api.To
 	if err := validateTokenRequest(&req); err != nil {
 		return nil, err
 	}
+	if req.Disk > 0 && !s.m.DiskQuotas() {
+		return nil, api.FieldError("disk", "disk caps need den's managed filesystem (btrfs) with quotas, which this daemon does not have: see den info")
+	}
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("token secret: %w", err)
 	}
 	secret := tokenPrefix + base64.RawURLEncoding.EncodeToString(b[:])
 	id, hash := hashSecret(secret)
-	doc := tokenDoc{Token: api.Token{ID: id, Name: req.Name, MaxSandboxes: req.MaxSandboxes, CPUs: req.CPUs, Memory: req.Memory, CreatedAt: time.Now().UTC()}, Hash: hash}
+	doc := tokenDoc{Token: api.Token{ID: id, Name: req.Name, MaxSandboxes: req.MaxSandboxes, CPUs: req.CPUs, Memory: req.Memory, Disk: req.Disk,
+		MaxVolumes: req.MaxVolumes, MaxSnapshots: req.MaxSnapshots, MaxImages: req.MaxImages, CreatedAt: time.Now().UTC()}, Hash: hash}
 	raw, _ := json.Marshal(doc)
 	err := s.db.PutObject(ctx, &store.Object{Kind: kindToken, ID: id, Name: req.Name, CreatedAt: doc.CreatedAt, Doc: raw})
 	if errors.Is(err, store.ErrExists) {
@@ -205,22 +217,33 @@ func (s *Server) RemoveToken(ctx context.Context, idOrName string) error {
 func (s *Server) tokenRoutes() {
 	h := s.mux.HandleFunc
 	h("POST /v1/tokens", adminOnly(func(w http.ResponseWriter, r *http.Request) {
-		// memory is decoded apart, so a bad size names its field.
+		// Sizes are decoded apart, so a bad size names its field.
 		var body struct {
 			Name         string          `json:"name"`
 			MaxSandboxes int             `json:"max_sandboxes"`
+			MaxVolumes   int             `json:"max_volumes"`
+			MaxSnapshots int             `json:"max_snapshots"`
+			MaxImages    int             `json:"max_images"`
 			CPUs         float64         `json:"cpus"`
 			Memory       json.RawMessage `json:"memory"`
+			Disk         json.RawMessage `json:"disk"`
 		}
 		if err := decode(r, &body); err != nil {
 			writeError(w, err)
 			return
 		}
-		req := api.TokenRequest{Name: body.Name, MaxSandboxes: body.MaxSandboxes, CPUs: body.CPUs}
-		if len(body.Memory) > 0 {
-			if err := json.Unmarshal(body.Memory, &req.Memory); err != nil {
-				writeError(w, api.FieldError("memory", "%v", err))
-				return
+		req := api.TokenRequest{Name: body.Name, MaxSandboxes: body.MaxSandboxes, MaxVolumes: body.MaxVolumes, MaxSnapshots: body.MaxSnapshots,
+			MaxImages: body.MaxImages, CPUs: body.CPUs}
+		for _, f := range []struct {
+			name string
+			raw  json.RawMessage
+			dst  *api.Size
+		}{{"memory", body.Memory, &req.Memory}, {"disk", body.Disk, &req.Disk}} {
+			if len(f.raw) > 0 {
+				if err := json.Unmarshal(f.raw, f.dst); err != nil {
+					writeError(w, api.FieldError(f.name, "%v", err))
+					return
+				}
 			}
 		}
 		t, err := s.CreateToken(r.Context(), req)

@@ -31,9 +31,11 @@ type tokenEnv struct {
 	admin *client.Client
 }
 
-func newTokenEnv(t *testing.T) *tokenEnv {
+func newTokenEnv(t *testing.T) *tokenEnv { return tokenEnvFor(t, newEnv(t)) }
+
+// tokenEnvFor serves the daemon of e on TCP too.
+func tokenEnvFor(t *testing.T, e *env) *tokenEnv {
 	t.Helper()
-	e := newEnv(t)
 	srv := server.New(e.m, e.db, slog.New(slog.NewTextHandler(io.Discard, nil)), "test", e.rt.CgroupVersion())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -105,6 +107,12 @@ func TestTokenBadInput(t *testing.T) {
 		{"unparsable memory", `{"name": "n1", "memory": "12q"}`, "memory"},
 		{"memory too small", `{"name": "n1", "memory": "1k"}`, "memory"},
 		{"negative cpus", `{"name": "n1", "cpus": -1}`, "cpus"},
+		{"negative max volumes", `{"name": "n1", "max_volumes": -1}`, "max_volumes"},
+		{"negative max snapshots", `{"name": "n1", "max_snapshots": -2}`, "max_snapshots"},
+		{"negative max images", `{"name": "n1", "max_images": -1}`, "max_images"},
+		{"unparsable disk", `{"name": "n1", "disk": "12q"}`, "disk"},
+		{"disk too small", `{"name": "n1", "disk": "1k"}`, "disk"},
+		{"disk cap without quotas", `{"name": "n1", "disk": "1g"}`, "disk"},
 		{"unknown field", `{"name": "n1", "admin": true}`, "admin"},
 	} {
 		st, ae := rawCall(t, te, "POST", "/v1/tokens", testAdminToken, tc.body)

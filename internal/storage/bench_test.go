@@ -83,3 +83,19 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRoom times the check a create makes before it makes a tree (a
+// qgroup read from sysfs and two statfs on btrfs):
+//
+//	go test -run XXX -bench Room ./internal/storage/
+func BenchmarkRoom(b *testing.B) {
+	s := newBtrfs(b, 1<<30)
+	if !s.ReserveEnforced() {
+		b.Skipf("no reserve: %s", s.Why())
+	}
+	for b.Loop() {
+		if err := s.Room(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -24,6 +25,7 @@ const (
 
 	btrfsSubvolRdonly    = 1 << 1
 	btrfsSubvolSpecByID  = 1 << 4
+	btrfsSubvolInherit   = 1 << 2 // BTRFS_SUBVOL_QGROUP_INHERIT
 	btrfsQuotaCtlEnable  = 1
 	btrfsQuotaCtlSimple  = 4
 	btrfsQgroupLimitRfer = 1 << 0
@@ -68,6 +70,34 @@ type btrfsQgroupLimitArgs struct {
 	RsvExcl  uint64
 }
 
+// btrfsQgroupInherit is struct btrfs_qgroup_inherit with room for one
+// qgroup id.
+type btrfsQgroupInherit struct {
+	Flags         uint64
+	NumQgroups    uint64
+	NumRefCopies  uint64
+	NumExclCopies uint64
+	Lim           [5]uint64 // struct btrfs_qgroup_limit
+	Qgroups       [1]uint64
+}
+
+type btrfsQgroupAssignArgs struct {
+	Assign uint64
+	Src    uint64
+	Dst    uint64
+}
+
+type btrfsQuotaRescanArgs struct {
+	Flags    uint64
+	Progress uint64
+	Reserved [6]uint64
+}
+
+type btrfsQgroupCreateArgs struct {
+	Create   uint64
+	Qgroupid uint64
+}
+
 type btrfsInoLookupArgs struct {
 	Treeid   uint64
 	Objectid uint64
@@ -104,10 +134,14 @@ var (
 	iocSubvolCreate     = ioc(iocW, 14, unsafe.Sizeof(btrfsVolArgs{}))
 	iocInoLookup        = ioc(iocWR, 18, unsafe.Sizeof(btrfsInoLookupArgs{}))
 	iocSnapCreateV2     = ioc(iocW, 23, unsafe.Sizeof(btrfsVolArgsV2{}))
+	iocSubvolCreateV2   = ioc(iocW, 24, unsafe.Sizeof(btrfsVolArgsV2{}))
 	iocSubvolGetflags   = ioc(iocR, 25, 8)
 	iocSubvolSetflags   = ioc(iocW, 26, 8)
 	iocFsInfo           = ioc(iocR, 31, unsafe.Sizeof(btrfsFsInfoArgs{}))
 	iocQuotaCtl         = ioc(iocWR, 40, unsafe.Sizeof(btrfsQuotaCtlArgs{}))
+	iocQgroupAssign     = ioc(iocW, 41, unsafe.Sizeof(btrfsQgroupAssignArgs{}))
+	iocQgroupCreate     = ioc(iocW, 42, unsafe.Sizeof(btrfsQgroupCreateArgs{}))
+	iocQuotaRescan      = ioc(iocW, 44, unsafe.Sizeof(btrfsQuotaRescanArgs{}))
 	iocQgroupLimit      = ioc(iocR, 43, unsafe.Sizeof(btrfsQgroupLimitArgs{}))
 	iocGetSubvolRootref = ioc(iocWR, 61, unsafe.Sizeof(btrfsSubvolRootrefArgs{}))
 	iocInoLookupUser    = ioc(iocWR, 62, unsafe.Sizeof(btrfsInoLookupUserArgs{}))
@@ -155,20 +189,44 @@ func isSubvolume(path string) (bool, error) {
 	return uint32(fs.Type) == unix.BTRFS_SUPER_MAGIC, nil
 }
 
-func btrfsCreateSubvol(path string) error {
+// btrfsCreateSubvol makes a subvolume at path; with group (a level-1
+// qgroup id, 0 for none) the new subvolume's qgroup is made a member of
+// group in the same transaction, so its writes count against group's limit.
+func btrfsCreateSubvol(path string, group uint64) error {
 	pfd, err := openDir(filepath.Dir(path))
 	if err != nil {
 		return err
 	}
 	defer unix.Close(pfd)
-	var a btrfsVolArgs
+	if group == 0 {
+		var a btrfsVolArgs
+		if err := setName(a.Name[:], filepath.Base(path)); err != nil {
+			return err
+		}
+		return ioctl(pfd, iocSubvolCreate, unsafe.Pointer(&a))
+	}
+	var a btrfsVolArgsV2
 	if err := setName(a.Name[:], filepath.Base(path)); err != nil {
 		return err
 	}
-	return ioctl(pfd, iocSubvolCreate, unsafe.Pointer(&a))
+	inh := withInherit(&a, group)
+	err = ioctl(pfd, iocSubvolCreateV2, unsafe.Pointer(&a))
+	runtime.KeepAlive(inh)
+	return err
 }
 
-func btrfsSnapshot(src, dst string, readonly bool) error {
+// withInherit points a's qgroup inheritance at a new struct naming group.
+func withInherit(a *btrfsVolArgsV2, group uint64) *btrfsQgroupInherit {
+	inh := &btrfsQgroupInherit{NumQgroups: 1, Qgroups: [1]uint64{group}}
+	a.Flags |= btrfsSubvolInherit
+	a.Unused[0] = uint64(unsafe.Sizeof(*inh))
+	a.Unused[1] = uint64(uintptr(unsafe.Pointer(inh)))
+	return inh
+}
+
+// btrfsSnapshot snapshots the subvolume src as dst, a member of qgroup
+// group (0: none) like btrfsCreateSubvol's.
+func btrfsSnapshot(src, dst string, readonly bool, group uint64) error {
 	sfd, err := openDir(src)
 	if err != nil {
 		return err
@@ -186,7 +244,13 @@ func btrfsSnapshot(src, dst string, readonly bool) error {
 	if err := setName(a.Name[:], filepath.Base(dst)); err != nil {
 		return err
 	}
-	return ioctl(pfd, iocSnapCreateV2, unsafe.Pointer(&a))
+	var inh *btrfsQgroupInherit
+	if group != 0 {
+		inh = withInherit(&a, group)
+	}
+	err = ioctl(pfd, iocSnapCreateV2, unsafe.Pointer(&a))
+	runtime.KeepAlive(inh)
+	return err
 }
 
 // btrfsSubvolID returns the id (tree id, also the level-0 qgroup id) of the
@@ -199,30 +263,42 @@ func btrfsSubvolID(fd int) (uint64, error) {
 	return a.Treeid, nil
 }
 
-// btrfsChildren lists the paths (relative to the subvolume fd's root) of the
-// subvolumes directly nested in it.
-func btrfsChildren(fd int) ([]string, error) {
-	var out []string
+// btrfsRootrefs lists the subvolumes whose directory entries are in the
+// subvolume of fd, at any depth of its directories.
+func btrfsRootrefs(fd int) ([]btrfsRootref, error) {
+	var out []btrfsRootref
 	var a btrfsSubvolRootrefArgs
 	for {
 		err := ioctl(fd, iocGetSubvolRootref, unsafe.Pointer(&a))
 		if err != nil && err != unix.EOVERFLOW {
 			return nil, fmt.Errorf("BTRFS_IOC_GET_SUBVOL_ROOTREF: %w", err)
 		}
-		for _, r := range a.Rootref[:a.NumItems] {
-			u := btrfsInoLookupUserArgs{Dirid: r.Dirid, Treeid: r.Treeid}
-			if e := ioctl(fd, iocInoLookupUser, unsafe.Pointer(&u)); e != nil {
-				if e == unix.ENOENT {
-					continue // being deleted
-				}
-				return nil, fmt.Errorf("BTRFS_IOC_INO_LOOKUP_USER: %w", e)
-			}
-			out = append(out, filepath.Join(cstr(u.Path[:]), cstr(u.Name[:])))
-		}
+		out = append(out, a.Rootref[:a.NumItems]...)
 		if err == nil {
 			return out, nil
 		}
 	}
+}
+
+// btrfsChildren lists the paths (relative to the subvolume fd's root) of the
+// subvolumes directly nested in it.
+func btrfsChildren(fd int) ([]string, error) {
+	refs, err := btrfsRootrefs(fd)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range refs {
+		u := btrfsInoLookupUserArgs{Dirid: r.Dirid, Treeid: r.Treeid}
+		if e := ioctl(fd, iocInoLookupUser, unsafe.Pointer(&u)); e != nil {
+			if e == unix.ENOENT {
+				continue // being deleted
+			}
+			return nil, fmt.Errorf("BTRFS_IOC_INO_LOOKUP_USER: %w", e)
+		}
+		out = append(out, filepath.Join(cstr(u.Path[:]), cstr(u.Name[:])))
+	}
+	return out, nil
 }
 
 func cstr(b []byte) string {
@@ -326,22 +402,60 @@ func btrfsFsid(fd int) (string, error) {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]), nil
 }
 
-func btrfsSetLimit(fd int, bytes int64) error {
+// btrfsSetLimit limits qgroup id (0: the subvolume fd is in) to bytes
+// referenced and exclusive (0 clears the limit).
+func btrfsSetLimit(fd int, id uint64, bytes int64) error {
 	v := uint64(bytes)
 	if bytes == 0 {
 		v = btrfsLimitClear
 	}
-	a := btrfsQgroupLimitArgs{Flags: btrfsQgroupLimitRfer | btrfsQgroupLimitExcl, MaxRfer: v, MaxExcl: v}
+	a := btrfsQgroupLimitArgs{Qgroupid: id, Flags: btrfsQgroupLimitRfer | btrfsQgroupLimitExcl, MaxRfer: v, MaxExcl: v}
 	if err := ioctl(fd, iocQgroupLimit, unsafe.Pointer(&a)); err != nil {
 		return fmt.Errorf("BTRFS_IOC_QGROUP_LIMIT: %w", err)
 	}
 	return nil
 }
 
-// qgroupReferenced reads the referenced bytes of qgroup 0/id from sysfs. The
-// kernel updates it at each transaction commit.
+// btrfsAssign makes qgroup src a member of qgroup dst. rescan is true when
+// the kernel could not carry the numbers over and marked them inconsistent.
+func btrfsAssign(fd int, src, dst uint64) (rescan bool, err error) {
+	a := btrfsQgroupAssignArgs{Assign: 1, Src: src, Dst: dst}
+	r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), iocQgroupAssign, uintptr(unsafe.Pointer(&a)))
+	switch {
+	case e == unix.EEXIST:
+		return false, nil
+	case e != 0:
+		return false, fmt.Errorf("BTRFS_IOC_QGROUP_ASSIGN: %w", e)
+	}
+	return r > 0, nil
+}
+
+// btrfsRescan starts a rescan of the quota numbers (it runs in the
+// background; one in progress already is fine).
+func btrfsRescan(fd int) error {
+	var a btrfsQuotaRescanArgs
+	if err := ioctl(fd, iocQuotaRescan, unsafe.Pointer(&a)); err != nil && err != unix.EINPROGRESS {
+		return fmt.Errorf("BTRFS_IOC_QUOTA_RESCAN: %w", err)
+	}
+	return nil
+}
+
+// btrfsCreateQgroup makes qgroup id on the filesystem of fd; one that
+// exists already is fine.
+func btrfsCreateQgroup(fd int, id uint64) error {
+	a := btrfsQgroupCreateArgs{Create: 1, Qgroupid: id}
+	if err := ioctl(fd, iocQgroupCreate, unsafe.Pointer(&a)); err != nil && err != unix.EEXIST {
+		return fmt.Errorf("BTRFS_IOC_QGROUP_CREATE: %w", err)
+	}
+	return nil
+}
+
+// qgroupReferenced reads the referenced bytes of qgroup id (level/number as
+// the kernel packs them; a subvolume's id is its level-0 qgroup) from sysfs.
+// The kernel updates it at each transaction commit.
 func qgroupReferenced(fsid string, id uint64) (int64, error) {
-	p := filepath.Join("/sys/fs/btrfs", fsid, "qgroups", "0_"+strconv.FormatUint(id, 10), "referenced")
+	name := strconv.FormatUint(id>>48, 10) + "_" + strconv.FormatUint(id&(1<<48-1), 10)
+	p := filepath.Join("/sys/fs/btrfs", fsid, "qgroups", name, "referenced")
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return 0, err

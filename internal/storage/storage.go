@@ -33,6 +33,9 @@ type Config struct {
 	Dir  string // den's data dir; the image is Dir/storage.img, mounted at Dir/fs
 	Size int64  // bytes for a new image; 0 = default (90% of the free space of Dir's filesystem, at least 1 GiB)
 	Mode string // "auto" (btrfs when possible, else plain directories), "btrfs" (error if impossible), "dir"
+	// Reserve is the space of den's storage no tree may take (0: the
+	// default, DefaultReserve of its size): see Store.Reserve.
+	Reserve int64
 }
 
 // Store is den's storage: a mounted btrfs or a plain directory. Its methods
@@ -43,6 +46,10 @@ type Store struct {
 	root      string
 	fsid      string
 	quotaMode string // "squota", "qgroup" or ""
+	dir       string // Config.Dir
+	size      int64  // bytes of den's storage (the btrfs, or Dir's filesystem)
+	reserve   int64
+	group     uint64 // the level-1 qgroup every tree joins (btrfs with quotas), else 0
 
 	mu sync.Mutex
 	fd int // the mounted filesystem's root (btrfs), -1 after Close
@@ -76,21 +83,31 @@ func Open(cfg Config) (*Store, error) {
 	if mode != "auto" && mode != "btrfs" && mode != "dir" {
 		return nil, fmt.Errorf("storage: unknown mode %q (auto, btrfs or dir)", cfg.Mode)
 	}
+	if cfg.Reserve < 0 {
+		return nil, fmt.Errorf("storage: negative reserve %d", cfg.Reserve)
+	}
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
+	var s *Store
 	if mode == "dir" {
-		return &Store{kind: "dir", why: "storage mode is dir", root: dir, fd: -1}, nil
+		s = &Store{kind: "dir", why: "storage mode is dir", root: dir, fd: -1}
+	} else {
+		s, err = openBtrfs(dir, cfg.Size)
+		var ie errImage
+		if err != nil && (mode == "btrfs" || errors.As(err, &ie)) {
+			return nil, fmt.Errorf("storage: %w", err)
+		}
+		if err != nil {
+			s = &Store{kind: "dir", why: err.Error(), root: dir, fd: -1}
+		}
 	}
-	s, err := openBtrfs(dir, cfg.Size)
-	if err == nil {
-		return s, nil
-	}
-	var ie errImage
-	if mode == "btrfs" || errors.As(err, &ie) {
+	s.dir = dir
+	if err := s.setReserve(cfg.Reserve); err != nil {
+		s.Close()
 		return nil, fmt.Errorf("storage: %w", err)
 	}
-	return &Store{kind: "dir", why: err.Error(), root: dir, fd: -1}, nil
+	return s, nil
 }
 
 func openBtrfs(dir string, size int64) (s *Store, err error) {
@@ -208,7 +225,7 @@ func (s *Store) Create(path string) error {
 		return fmt.Errorf("create %s: %w", path, err)
 	}
 	if s.kind == "btrfs" {
-		err = btrfsCreateSubvol(p)
+		err = btrfsCreateSubvol(p, s.group)
 		if err == unix.EEXIST {
 			err = os.ErrExist
 		}
@@ -266,7 +283,7 @@ func (s *Store) snapshot(src, dst string, readonly bool) error {
 		if sub, err := isSubvolume(sp); err != nil {
 			return err
 		} else if sub {
-			err := btrfsSnapshot(sp, dp, readonly)
+			err := btrfsSnapshot(sp, dp, readonly, s.group)
 			if err == unix.EEXIST {
 				err = os.ErrExist
 			}
@@ -278,7 +295,7 @@ func (s *Store) snapshot(src, dst string, readonly bool) error {
 		return err
 	}
 	if s.kind == "btrfs" {
-		err = btrfsCreateSubvol(tmp)
+		err = btrfsCreateSubvol(tmp, s.group)
 	} else {
 		err = unix.Mkdir(tmp, 0o700)
 	}
@@ -422,7 +439,7 @@ func (s *Store) setQuota(path string, bytes int64) error {
 		return err
 	}
 	defer unix.Close(fd)
-	return btrfsSetLimit(fd, bytes)
+	return btrfsSetLimit(fd, 0, bytes)
 }
 
 // Usage is the space the tree at path uses, in bytes. For a subvolume with

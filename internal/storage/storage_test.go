@@ -14,13 +14,17 @@ import (
 
 func TestIoctlLayouts(t *testing.T) {
 	for name, got := range map[string]uintptr{
-		"btrfs_ioctl_vol_args":                 unsafe.Sizeof(btrfsVolArgs{}),
-		"btrfs_ioctl_vol_args_v2":              unsafe.Sizeof(btrfsVolArgsV2{}),
-		"btrfs_ioctl_ino_lookup_args":          unsafe.Sizeof(btrfsInoLookupArgs{}),
-		"btrfs_ioctl_get_subvol_rootref_args":  unsafe.Sizeof(btrfsSubvolRootrefArgs{}),
-		"btrfs_ioctl_ino_lookup_user_args":     unsafe.Sizeof(btrfsInoLookupUserArgs{}),
-		"btrfs_ioctl_fs_info_args":             unsafe.Sizeof(btrfsFsInfoArgs{}) * 4,
-		"btrfs_ioctl_qgroup_limit_args (x128)": unsafe.Sizeof(btrfsQgroupLimitArgs{}) * 4096 / 48,
+		"btrfs_ioctl_vol_args":                      unsafe.Sizeof(btrfsVolArgs{}),
+		"btrfs_ioctl_vol_args_v2":                   unsafe.Sizeof(btrfsVolArgsV2{}),
+		"btrfs_ioctl_ino_lookup_args":               unsafe.Sizeof(btrfsInoLookupArgs{}),
+		"btrfs_ioctl_get_subvol_rootref_args":       unsafe.Sizeof(btrfsSubvolRootrefArgs{}),
+		"btrfs_ioctl_ino_lookup_user_args":          unsafe.Sizeof(btrfsInoLookupUserArgs{}),
+		"btrfs_ioctl_fs_info_args":                  unsafe.Sizeof(btrfsFsInfoArgs{}) * 4,
+		"btrfs_ioctl_qgroup_limit_args (x128)":      unsafe.Sizeof(btrfsQgroupLimitArgs{}) * 4096 / 48,
+		"btrfs_ioctl_qgroup_assign_args (x4096/24)": unsafe.Sizeof(btrfsQgroupAssignArgs{}) * 4096 / 24,
+		"btrfs_ioctl_quota_rescan_args (x64)":       unsafe.Sizeof(btrfsQuotaRescanArgs{}) * 64,
+		"btrfs_ioctl_qgroup_create_args (x256)":     unsafe.Sizeof(btrfsQgroupCreateArgs{}) * 256,
+		"btrfs_qgroup_inherit + 1 (x51.2)":          unsafe.Sizeof(btrfsQgroupInherit{}) * 4096 / 80,
 	} {
 		if got != 4096 {
 			t.Errorf("%s: size %d, want 4096", name, got)
@@ -351,6 +355,37 @@ func TestBtrfsQuota(t *testing.T) {
 // TestQuotaModes compares simple quotas with full qgroups: both enforce a
 // limit; they differ in what a snapshot's shared extents cost whom.
 func TestQuotaModes(t *testing.T) {
+	quotaModes(t, 512<<20, func(t *testing.T, s *Store, mode string) {
+		a := filepath.Join(s.Root(), "a")
+		must(t, s.Create(a))
+		must(t, s.SetQuota(a, 50<<20))
+		n, err := fill(filepath.Join(a, "big"), 80<<20)
+		if !errors.Is(err, unix.EDQUOT) {
+			t.Errorf("50 MiB quota: wrote %d MiB: %v", n>>20, err)
+		}
+		must(t, s.SetQuota(a, 0))
+		must(t, os.Remove(filepath.Join(a, "big")))
+		_, err = fill(filepath.Join(a, "data"), 40<<20)
+		must(t, err)
+		syncFS(t, s)
+		snap := filepath.Join(s.Root(), "snap")
+		must(t, s.Snapshot(a, snap, true))
+		syncFS(t, s)
+		u1, _ := s.Usage(a)
+		us, _ := s.Usage(snap)
+		must(t, os.Remove(filepath.Join(a, "data")))
+		syncFS(t, s)
+		u2, _ := s.Usage(a)
+		us2, _ := s.Usage(snap)
+		t.Logf("%s: 40 MiB written: source %d MiB, its snapshot %d MiB; source deletes the file: source %d MiB, snapshot %d MiB",
+			mode, u1>>20, us>>20, u2>>20, us2>>20)
+	})
+}
+
+// quotaModes runs test in a subtest for each quota mode (simple quotas,
+// full qgroups) on a new btrfs image of size bytes; a mode the kernel
+// does not have is skipped.
+func quotaModes(t *testing.T, size int64, test func(t *testing.T, s *Store, mode string)) {
 	for _, full := range []bool{false, true} {
 		mode := "squota"
 		if full {
@@ -358,34 +393,12 @@ func TestQuotaModes(t *testing.T) {
 		}
 		t.Run(mode, func(t *testing.T) {
 			fullQgroups = full
-			s := newBtrfs(t, 512<<20)
+			s := newBtrfs(t, size)
 			fullQgroups = false
 			if s.QuotaMode() != mode {
 				t.Skipf("quota mode %q", s.QuotaMode())
 			}
-			a := filepath.Join(s.Root(), "a")
-			must(t, s.Create(a))
-			must(t, s.SetQuota(a, 50<<20))
-			n, err := fill(filepath.Join(a, "big"), 80<<20)
-			if !errors.Is(err, unix.EDQUOT) {
-				t.Errorf("50 MiB quota: wrote %d MiB: %v", n>>20, err)
-			}
-			must(t, s.SetQuota(a, 0))
-			must(t, os.Remove(filepath.Join(a, "big")))
-			_, err = fill(filepath.Join(a, "data"), 40<<20)
-			must(t, err)
-			syncFS(t, s)
-			snap := filepath.Join(s.Root(), "snap")
-			must(t, s.Snapshot(a, snap, true))
-			syncFS(t, s)
-			u1, _ := s.Usage(a)
-			us, _ := s.Usage(snap)
-			must(t, os.Remove(filepath.Join(a, "data")))
-			syncFS(t, s)
-			u2, _ := s.Usage(a)
-			us2, _ := s.Usage(snap)
-			t.Logf("%s: 40 MiB written: source %d MiB, its snapshot %d MiB; source deletes the file: source %d MiB, snapshot %d MiB",
-				mode, u1>>20, us>>20, u2>>20, us2>>20)
+			test(t, s, mode)
 		})
 	}
 }

@@ -49,7 +49,7 @@ func (r *Runtime) Adopt(ctx context.Context, spec *isolate.Spec) error {
 	os.Remove(tmp)
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err == nil {
-		err = f.Truncate(r.cfg.DiskSize)
+		err = f.Truncate(r.diskSize(spec.Limits))
 		f.Close()
 	}
 	if err != nil {

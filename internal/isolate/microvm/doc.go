@@ -14,9 +14,10 @@
 // ctimes — so an immutable image layer is built once and a host
 // directory like /usr is rebuilt when anything in it changes) attached as
 // a read-only virtio-blk disk. The writable layers live in one sparse
-// ext4 image, spec.Dir/disk.img (8 GiB by default, made with mkfs.ext4 on
-// first start and never mounted on the host: its contents are the
-// guest's), holding upper/<name> and work/<name>. The guest init mounts
+// ext4 image, spec.Dir/disk.img (8 GiB by default, under a disk quota an
+// eighth less than the quota so the guest's ext4 fills before the quota
+// does; made with mkfs.ext4 on first start and never mounted on the host:
+// its contents are the guest's), holding upper/<name> and work/<name>. The guest init mounts
 // the overlays in order; there is no 9p or virtio-fs, so a VM can be
 // migrated to a file, and volumes and bind mounts are refused.
 //

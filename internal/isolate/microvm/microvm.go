@@ -214,7 +214,7 @@ func (r *Runtime) prepare(spec *isolate.Spec) (vmConfig, *guestConfig, error) {
 		Memory: vmMemory(spec.Limits, r.cfg), CPUs: vmCPUs(spec.Limits), Accel: r.info.Accel,
 		Kernel: r.info.Kernel, Net: spec.Net, Limits: spec.Limits,
 	}
-	if err := r.ensureDisk(spec.Dir); err != nil {
+	if err := r.ensureDisk(spec.Dir, r.diskSize(spec.Limits)); err != nil {
 		return vm, nil, err
 	}
 	gc := &guestConfig{Hostname: spec.Hostname, Disk: "rw"}
@@ -258,9 +258,25 @@ func cmdline(gc *guestConfig) (string, error) {
 	return s, nil
 }
 
-// ensureDisk makes the box's writable disk on first use: a sparse ext4
-// image the host never mounts (its contents are the guest's).
-func (r *Runtime) ensureDisk(dir string) error {
+// diskSize is the size of a new writable disk: the configured size, or
+// less under a disk quota, so that the guest's ext4 fills up (ENOSPC inside)
+// before the image's blocks reach the quota (which the guest would see as
+// I/O errors, and remount its disk read-only). The margin covers what a
+// copy-on-write host filesystem charges for rewritten blocks until its next
+// commit.
+func (r *Runtime) diskSize(l isolate.Limits) int64 {
+	if l.Disk <= 0 {
+		return r.cfg.DiskSize
+	}
+	return min(r.cfg.DiskSize, max(l.Disk-max(l.Disk/8, 8<<20), minDisk))
+}
+
+// minDisk is the smallest writable disk made (mkfs.ext4 needs some room).
+const minDisk = 16 << 20
+
+// ensureDisk makes the box's writable disk of size bytes on first use: a
+// sparse ext4 image the host never mounts (its contents are the guest's).
+func (r *Runtime) ensureDisk(dir string, size int64) error {
 	disk := filepath.Join(dir, "disk.img")
 	if _, err := os.Stat(disk); err == nil {
 		return nil
@@ -274,7 +290,7 @@ func (r *Runtime) ensureDisk(dir string) error {
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(r.cfg.DiskSize)
+	err = f.Truncate(size)
 	f.Close()
 	if err != nil {
 		os.Remove(tmp)
