@@ -44,15 +44,15 @@ func TestValidateCreate(t *testing.T) {
 	}
 }
 
-func TestValidImageName(t *testing.T) {
-	for _, n := range []string{"ubuntu", "docker.io/library/ubuntu:24.04", "a@sha256:00"} {
-		if !validImageName(n) {
-			t.Errorf("%q refused", n)
+func TestNewImageName(t *testing.T) {
+	for _, n := range []string{"ubuntu", "docker.io/library/ubuntu:24.04", "a@sha256:" + strings.Repeat("0", 64)} {
+		if err := newImageName("name", n); err != nil {
+			t.Errorf("%q refused: %v", n, err)
 		}
 	}
-	for _, n := range []string{"", "Ubuntu", "-x", "a b", strings.Repeat("a", 256)} {
-		if validImageName(n) {
-			t.Errorf("%q accepted", n)
+	for _, n := range []string{"", "Ubuntu", "-x", "a b", strings.Repeat("a", 256), "a/../../c", "a//b", "host", cachePrefix + "x"} {
+		if err := newImageName("name", n); api.KindOf(err) != api.KindInvalid || err.(*api.Error).Field != "name" {
+			t.Errorf("%q: %v, want invalid naming name", n, err)
 		}
 	}
 }

@@ -185,7 +185,13 @@ func TestBodyFloodBounded(t *testing.T) {
 	fits := server.MaxBodiesInFlight / len(full)
 	var busy []answer
 	for len(busy) < 8-fits {
-		a := <-answers
+		var a answer
+		select {
+		case a = <-answers:
+		case <-time.After(2 * time.Minute):
+			close(release)
+			t.Fatalf("after 2 minutes, %d of 8 slow large bodies were refused, want %d", len(busy), 8-fits)
+		}
 		if a.st != 429 || a.ae == nil || a.ae.Kind != api.KindBusy {
 			close(release)
 			t.Fatalf("while four slow large bodies are in flight: %d %+v, want 429 busy", a.st, a.ae)
