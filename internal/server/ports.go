@@ -139,8 +139,11 @@ func (s *Server) tcp(w http.ResponseWriter, r *http.Request) {
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(api.MaxTTYMessage)
-	ctx, cancel := context.WithCancel(r.Context())
+	// The pipes outlive a cancelled request context only until
+	// closeWhenEnded has closed the connections with the reason.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
+	defer closeWhenEnded(r, c)()
 	go func() {
 		defer cancel()
 		for {

@@ -39,6 +39,7 @@ type Server struct {
 	info    api.Info
 	mux     *http.ServeMux
 	bodies  bodyBudget
+	live    live
 }
 
 // SetInfo sets what GET /v1/info answers (its version is the server's).
@@ -62,12 +63,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := PrincipalFrom(r.Context())
-	sc, err := s.scopeFor(r.Context(), p)
+	ctx := r.Context()
+	if p != nil && p.TokenID != "" {
+		var done func()
+		ctx, done = s.live.track(ctx, p.TokenID) // before the check: see live
+		defer done()
+	}
+	sc, err := s.scopeFor(ctx, p)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	ctx, hold := s.bodies.hold(r.Context(), p)
+	ctx, hold := s.bodies.hold(ctx, p)
 	defer hold.release()
 	s.mux.ServeHTTP(w, r.WithContext(sandbox.WithScope(ctx, sc)))
 }
@@ -280,7 +287,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil {
-		writeError(w, err)
+		writeError(w, reqErr(r, err))
 		return
 	}
 	writeJSON(w, 200, api.ExecResult{ExitStatus: *st, Stdout: out.buf.Bytes(), Stderr: errb.buf.Bytes(), Truncated: out.truncated || errb.truncated})
@@ -311,6 +318,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, req api.Exec
 	})
 	mu.Lock()
 	defer mu.Unlock()
+	err = reqErr(r, err)
 	if err != nil && !started {
 		writeError(w, err)
 		return
@@ -399,6 +407,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, method, path st
 			fl.Flush()
 		}
 		if err != nil {
+			if err := reqErr(r, err); r.Context().Err() != nil && api.KindOf(err) != api.KindInternal {
+				api.WriteJSONFrame(w, api.FrameError, err) // why the stream was ended
+				fl.Flush()
+			}
 			return
 		}
 	}
