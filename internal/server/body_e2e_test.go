@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"runtime"
@@ -25,20 +24,7 @@ import (
 // body once made a sandbox with every default.
 func TestNonObjectBodies(t *testing.T) {
 	e := newEnv(t)
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return net.Dial("unix", e.sock)
-	}}}
-	call := func(method, path, body string) (int, *api.Error) {
-		req, _ := http.NewRequest(method, "http://den"+path, strings.NewReader(body))
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		var doc api.ErrorDoc
-		json.NewDecoder(resp.Body).Decode(&doc)
-		return resp.StatusCode, doc.Error
-	}
+	call := e.call(t)
 	// Control: the same route takes an object.
 	if st, ae := call("POST", "/v1/sandboxes", `{}`); st != 201 {
 		t.Fatalf("create with {}: %d %v", st, ae)
@@ -63,6 +49,18 @@ func TestNonObjectBodies(t *testing.T) {
 	}
 	if after, _ := e.c.List(context.Background(), nil); len(after) != len(before) {
 		t.Fatalf("%d sandboxes before the non-object bodies, %d after", len(before), len(after))
+	}
+}
+
+// call returns a function sending a raw body to e's socket and returning
+// the status and error document of the answer.
+func (e *env) call(t *testing.T) func(method, path, body string) (int, *api.Error) {
+	return func(method, path, body string) (int, *api.Error) {
+		t.Helper()
+		st, b := e.raw(t, method, path, strings.NewReader(body))
+		var doc api.ErrorDoc
+		json.Unmarshal(b, &doc)
+		return st, doc.Error
 	}
 }
 

@@ -3,8 +3,6 @@ package server_test
 import (
 	"context"
 	"encoding/json"
-	"net"
-	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -18,20 +16,7 @@ import (
 func TestImageNamesChecked(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(t, api.CreateRequest{})
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return net.Dial("unix", e.sock)
-	}}}
-	call := func(method, path, body string) (int, *api.Error) {
-		req, _ := http.NewRequest(method, "http://den"+path, strings.NewReader(body))
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		var doc api.ErrorDoc
-		json.NewDecoder(resp.Body).Decode(&doc)
-		return resp.StatusCode, doc.Error
-	}
+	call := e.call(t)
 	// Control: a good name passes the same routes (commit makes the image
 	// that inspect, save and rm then find).
 	if st, ae := call("POST", "/v1/sandboxes/"+sb.ID+"/commit", `{"name":"team/app:v1"}`); st != 201 && st != 200 {
