@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -222,4 +223,35 @@ func TestBodyFloodBounded(t *testing.T) {
 		}()
 	}
 	again.Wait()
+}
+
+// The exec limits are Linux's own: an argument of the largest size den
+// takes runs, and so do arguments and environment near the total.
+func TestExecArgLimitsMatchKernel(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	ctx := context.Background()
+	arg := strings.Repeat("a", api.MaxArgLen)
+	res, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"sh", "-c", `echo ${#1}`, "x", arg}})
+	if err != nil || res.ExitCode != 0 || string(res.Stdout) != fmt.Sprintf("%d\n", api.MaxArgLen) {
+		t.Fatalf("an argument of %d bytes: %v %+v", api.MaxArgLen, err, res)
+	}
+	// 15 arguments and variables of the largest size: 1.9 MiB of the 2 MiB.
+	args := []string{"sh", "-c", `echo $#`, "x"}
+	for range 8 {
+		args = append(args, arg)
+	}
+	var env []string
+	for i := range 7 {
+		env = append(env, fmt.Sprintf("V%d=%s", i, arg[:api.MaxArgLen-3]))
+	}
+	res, err = e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: args, Env: env})
+	if err != nil || res.ExitCode != 0 || string(res.Stdout) != "8\n" {
+		t.Fatalf("%d bytes of arguments and environment: %v %+v", api.ArgBytes(args...)+api.ArgBytes(env...), err, res)
+	}
+	// One more byte in one argument is refused before anything runs.
+	_, err = e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"echo", arg + "a"}})
+	if ae := wantKind(t, err, api.KindInvalid); ae.Field != "cmd" {
+		t.Fatalf("an argument of %d bytes: %+v, want invalid naming cmd", api.MaxArgLen+1, ae)
+	}
 }
