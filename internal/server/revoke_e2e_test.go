@@ -3,10 +3,13 @@ package server_test
 import (
 	"context"
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
@@ -49,8 +52,8 @@ func waitFor[T any](t *testing.T, what string, ch <-chan T) T {
 	return zero
 }
 
-// Revoking a token ends what it holds open: a long exec stream, a terminal
-// and a followed log stream end with the revocation as their reason, while
+// Revoking a token ends what it holds open: a long exec stream, a terminal,
+// a followed log stream and a port forward end with the revocation as their reason, while
 // another token's stream goes on.
 func TestRevokeEndsStreams(t *testing.T) {
 	te := newTokenEnv(t)
@@ -116,6 +119,40 @@ func TestRevokeEndsStreams(t *testing.T) {
 	}()
 	waitFor(t, "log output", logOut.seen)
 
+	// A port forward to an echo server inside.
+	if _, err := c.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: `exec python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 7000)); s.listen(1)
+c, _ = s.accept()
+while True:
+    b = c.recv(4096)
+    if not b: break
+    c.sendall(b)
+'`}); err != nil {
+		t.Fatal(err)
+	}
+	var fwd net.Conn
+	for range 100 { // until the server listens
+		if fwd, err = c.DialPort(ctx, sb.ID, 7000); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fwd.Close()
+	fwd.Write([]byte("ping"))
+	buf := make([]byte, 16)
+	if n, err := io.ReadAtLeast(fwd, buf, 4); err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("port forward: %q %v", buf[:n], err)
+	}
+	fwdDone := make(chan error, 1)
+	go func() {
+		_, err := fwd.Read(buf)
+		fwdDone <- err
+	}()
+
 	// Control: nothing has ended yet.
 	select {
 	case r := <-execDone:
@@ -124,6 +161,8 @@ func TestRevokeEndsStreams(t *testing.T) {
 		t.Fatalf("the terminal ended before the revocation: %v", err)
 	case r := <-logDone:
 		t.Fatalf("the log stream ended before the revocation: %+v %v", r.st, r.err)
+	case err := <-fwdDone:
+		t.Fatalf("the port forward ended before the revocation: %v", err)
 	default:
 	}
 
@@ -140,6 +179,9 @@ func TestRevokeEndsStreams(t *testing.T) {
 	r = waitFor(t, "the log stream after the revocation", logDone)
 	if ae := wantKind(t, r.err, api.KindUnauthorized); !strings.Contains(ae.Message, "revoked") {
 		t.Errorf("log stream ended with %q, want the revocation named", ae.Message)
+	}
+	if err := waitFor(t, "the port forward after the revocation", fwdDone); websocket.CloseStatus(err) != websocket.StatusPolicyViolation || !strings.Contains(err.Error(), "revoked") {
+		t.Errorf("port forward ended with %v, want a policy-violation close naming the revocation", err)
 	}
 	// The other token's stream is untouched.
 	select {
