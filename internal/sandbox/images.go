@@ -21,13 +21,13 @@ import (
 
 // newImageName checks the name an image is to be stored under (field
 // names it in the error): a valid reference (image.CheckName), not the
-// built-in host image, not a build's cache name.
+// built-in host image.
 func newImageName(field, name string) error {
 	if err := image.CheckName(name); err != nil {
 		return api.FieldError(field, "%q is not a usable image name: %v (names look like app, team/app:v2 or registry.example.com/app:1.0)", name, err)
 	}
-	if name == HostImage || strings.HasPrefix(name, cachePrefix) {
-		return api.FieldError(field, "%q is reserved (the built-in host image, or a build's cache): pick another name", name)
+	if name == HostImage {
+		return api.FieldError(field, "%q is the built-in host image: pick another name", name)
 	}
 	return nil
 }

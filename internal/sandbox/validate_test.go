@@ -50,9 +50,20 @@ func TestNewImageName(t *testing.T) {
 			t.Errorf("%q refused: %v", n, err)
 		}
 	}
-	for _, n := range []string{"", "Ubuntu", "-x", "a b", strings.Repeat("a", 256), "a/../../c", "a//b", "host", cachePrefix + "x"} {
+	for _, n := range []string{"", "Ubuntu", "-x", "a b", strings.Repeat("a", 256), "a/../../c", "a//b", "host"} {
 		if err := newImageName("name", n); api.KindOf(err) != api.KindInvalid || err.(*api.Error).Field != "name" {
 			t.Errorf("%q: %v, want invalid naming name", n, err)
+		}
+	}
+}
+
+func TestCheckBuildTag(t *testing.T) {
+	if err := checkBuildTag("app:v1"); err != nil {
+		t.Fatalf("app:v1: %v", err)
+	}
+	for _, tag := range []string{cachePrefix + "x", "a/../b", "host"} {
+		if err := checkBuildTag(tag); api.KindOf(err) != api.KindInvalid || err.(*api.Error).Field != "t" {
+			t.Errorf("%q: %v, want invalid naming t", tag, err)
 		}
 	}
 }
