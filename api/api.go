@@ -119,6 +119,35 @@ type CreateRequest struct {
 	Git *GitSource `json:"git,omitempty"`
 }
 
+// Limits of an exec request, checked before anything runs. Linux refuses
+// to exec a program whose single argument or environment string is over
+// MAX_ARG_STRLEN (32 pages: 131072 bytes with its NUL) or whose argv and
+// envp together (each string, its NUL and its pointer) are over a quarter
+// of the stack limit (2 MiB with the usual 8 MiB stack: getconf ARG_MAX).
+const (
+	// MaxArgLen bounds one element of cmd or env, and shell.
+	MaxArgLen = 128<<10 - 1
+	// MaxArgTotal bounds cmd (or shell) and env together, each string
+	// counted with its NUL and an 8-byte pointer, as the kernel counts.
+	MaxArgTotal = 2 << 20
+	// MaxExecStdin bounds the stdin field: larger input is streamed to a
+	// background process (POST .../processes, then .../processes/{proc}/stdin).
+	MaxExecStdin = 1 << 20
+	// MaxExecBody bounds the JSON body of an exec request: the arguments,
+	// the environment and base64 stdin, with room for JSON escaping.
+	MaxExecBody = 4 << 20
+)
+
+// ArgBytes is what argv and envp strings take of the kernel's limit: each
+// string, its NUL and its pointer.
+func ArgBytes(ss ...string) int {
+	n := 0
+	for _, s := range ss {
+		n += len(s) + 1 + 8
+	}
+	return n
+}
+
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
 //
 // Exactly one of Cmd (an argv) and Shell (a string run by /bin/sh -c) is set.

@@ -13,6 +13,7 @@ const (
 	KindExists       = "exists"       // 409: a name or id is already taken
 	KindConflict     = "conflict"     // 409: the object is in the wrong state (stopped, in use)
 	KindTooLarge     = "too_large"    // 413
+	KindBusy         = "busy"         // 429: too many large requests of this caller in flight; retry later
 	KindUnsupported  = "unsupported"  // 501: not available on this host or runtime
 	KindInternal     = "internal"     // 500
 )
@@ -46,6 +47,7 @@ var (
 	ErrExists      = &Error{Kind: KindExists}
 	ErrConflict    = &Error{Kind: KindConflict}
 	ErrTooLarge    = &Error{Kind: KindTooLarge}
+	ErrBusy        = &Error{Kind: KindBusy}
 	ErrUnsupported = &Error{Kind: KindUnsupported}
 )
 
@@ -82,6 +84,8 @@ func HTTPStatus(kind string) int {
 		return 409
 	case KindTooLarge:
 		return 413
+	case KindBusy:
+		return 429
 	case KindUnsupported:
 		return 501
 	}
@@ -101,6 +105,8 @@ func KindForStatus(status int) string {
 		return KindConflict
 	case 413:
 		return KindTooLarge
+	case 429:
+		return KindBusy
 	case 501:
 		return KindUnsupported
 	}

@@ -525,7 +525,7 @@ type pruneResult struct {
 func TestOpenAPIErrorKinds(t *testing.T) {
 	doc := openAPIDoc(t)
 	comp := obj(doc["components"])
-	kinds := []string{KindInvalid, KindUnauthorized, KindNotFound, KindExists, KindConflict, KindTooLarge, KindUnsupported, KindInternal}
+	kinds := []string{KindInvalid, KindUnauthorized, KindNotFound, KindExists, KindConflict, KindTooLarge, KindBusy, KindUnsupported, KindInternal}
 	var got []string
 	for _, k := range asList(obj(obj(obj(obj(comp["schemas"])["Error"])["properties"])["kind"])["enum"]) {
 		got = append(got, fmt.Sprint(k))

@@ -306,6 +306,7 @@ var statusKinds = map[int]string{
 	http.StatusConflict:              api.KindConflict,
 	http.StatusRequestEntityTooLarge: api.KindTooLarge,
 	http.StatusNotImplemented:        api.KindUnsupported,
+	http.StatusTooManyRequests:       api.KindBusy,
 }
 
 // decodeError turns a non-2xx answer into an *api.Error: the error document

@@ -92,7 +92,9 @@ func (t *TTY) next() {
 		case t.ctx.Err() != nil:
 			t.err = fmt.Errorf("terminal of %s: %w", t.proc, net.ErrClosed)
 		case websocket.CloseStatus(err) != -1:
-			t.err = fmt.Errorf("terminal of %s: the connection closed (%v) without an exit status: %w", t.proc, websocket.CloseStatus(err), io.ErrUnexpectedEOF)
+			var ce websocket.CloseError
+			errors.As(err, &ce)
+			t.err = fmt.Errorf("terminal of %s: the connection closed (%v%s) without an exit status: %w", t.proc, ce.Code, reasonSuffix(ce.Reason), io.ErrUnexpectedEOF)
 		case errors.Is(err, io.EOF):
 			t.err = fmt.Errorf("terminal of %s: the connection ended without an exit status: %w", t.proc, io.ErrUnexpectedEOF)
 		default:
@@ -224,4 +226,12 @@ func (c *Client) dialWebSocket(ctx context.Context, path, what string) (*websock
 		return nil, &ConnError{Host: cfg.display, Err: err}
 	}
 	return nil, fmt.Errorf("%s: %w", what, err)
+}
+
+// reasonSuffix is ": reason" for a WebSocket close reason, or "".
+func reasonSuffix(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return ": " + reason
 }

@@ -200,6 +200,17 @@ func TestCreateExec(t *testing.T) {
 	if r.stdout != "abc" {
 		t.Errorf("exec -i: %+v", r)
 	}
+	// More stdin than an exec request carries is streamed to a background
+	// process, whose output is followed.
+	big := strings.Repeat("0123456789abcdef", api.MaxExecStdin/16+4096)
+	nprocs := len(f.procReqs)
+	r = den(t, f, big, "exec", "-i", "box", "cat")
+	if r.code != 0 || r.stdout != big {
+		t.Errorf("exec -i with %d bytes: code %d, %d bytes out, stderr %q", len(big), r.code, len(r.stdout), r.stderr)
+	}
+	if len(f.procReqs) != nprocs+1 || f.procReqs[nprocs].Stdin != nil || f.execs[len(f.execs)-1].Stdin != nil && len(f.execs[len(f.execs)-1].Stdin) > api.MaxExecStdin {
+		t.Errorf("exec -i with %d bytes did not go through a background process", len(big))
+	}
 	r = den(t, f, "", "exec", "--json", "box", "--", "err", "e")
 	var res api.ExecResult
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || string(res.Stderr) != "e\n" {

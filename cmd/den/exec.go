@@ -72,7 +72,7 @@ func (o *execOpts) define(f *flagSet, withSandbox bool) {
 		f.Var(stringValue{&o.workdir}, "workdir", "w", "DIR", "working directory of the command")
 		f.Var(stringValue{&o.user}, "user", "u", "USER", "user (name or uid[:gid]) to run as")
 	}
-	f.Var(boolValue{&o.interactive}, "interactive", "i", "", "send standard input to the command (all of it, read first; with -t, as it is typed)")
+	f.Var(boolValue{&o.interactive}, "interactive", "i", "", "send standard input to the command (all of it, read first, and over 1 MiB streamed to it; with -t, as it is typed)")
 	f.Var(boolValue{&o.tty}, "tty", "t", "", "run the command on a terminal (with -i: an interactive terminal session, like -it in docker)")
 	f.Var(durationValue{&o.timeout}, "timeout", "", "DURATION", "kill the command after this long, like 30s (exit code 124)")
 	usage := "capture the output and print the result as JSON (stdout, stderr, exit status); with -d, the started process"
@@ -89,6 +89,9 @@ func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *e
 	req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Stdin: stdin, Timeout: o.timeout}
 	if o.session != "" {
 		req.Cmd, req.Shell, req.Session = nil, shellLine(cmd), o.session
+	}
+	if len(stdin) > api.MaxExecStdin && o.session == "" {
+		return c.runStreamingStdin(ctx, cl, id, o, req)
 	}
 	var st *api.ExitStatus
 	if *o.jsonOut {
@@ -107,6 +110,62 @@ func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *e
 		return interrupted(ctx, err)
 	}
 	return c.statusExit(st, o.timeout, false)
+}
+
+// runStreamingStdin runs req with more stdin than an exec request carries
+// (api.MaxExecStdin): as a background process whose standard input is
+// streamed to it, while its output is followed to its end. With --json the
+// output is captured (at most 1 MiB of each stream kept) and printed as an
+// exec result.
+func (c *cli) runStreamingStdin(ctx context.Context, cl *client.Client, id string, o *execOpts, req api.ExecRequest) error {
+	stdin := req.Stdin
+	req.Stdin = nil
+	p, err := cl.StartProcess(ctx, id, req)
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stdout, stderr := c.stdout, c.stderr
+	go func() {
+		// A process that has ended takes no more input: not an error.
+		err := cl.WriteStdin(wctx, id, p.ID, bytes.NewReader(stdin), true)
+		if err != nil && wctx.Err() == nil {
+			if pi, perr := cl.Process(wctx, id, p.ID); perr == nil && pi.State == api.ProcRunning {
+				fmt.Fprintf(stderr, "den: write to the standard input of %s: %v\n", p.ID, err)
+			}
+		}
+	}()
+	var out, errb cappedBuffer
+	if *o.jsonOut {
+		stdout, stderr = &out, &errb
+	}
+	st, err := cl.Logs(ctx, id, p.ID, client.LogsOptions{Follow: true}, stdout, stderr)
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	cancel()
+	if *o.jsonOut {
+		if err := c.printJSON(api.ExecResult{ExitStatus: *st, Stdout: out.b.Bytes(), Stderr: errb.b.Bytes(), Truncated: out.cut || errb.cut}); err != nil {
+			return err
+		}
+	}
+	return c.statusExit(st, o.timeout, *o.jsonOut)
+}
+
+// cappedBuffer keeps the first MiB written to it.
+type cappedBuffer struct {
+	b   bytes.Buffer
+	cut bool
+}
+
+func (w *cappedBuffer) Write(p []byte) (int, error) {
+	if room := 1<<20 - w.b.Len(); len(p) > room {
+		w.b.Write(p[:max(room, 0)])
+		w.cut = true
+		return len(p), nil
+	}
+	return w.b.Write(p)
 }
 
 // startCommand starts cmd in the background in sandbox id and prints its

@@ -61,7 +61,8 @@ var verbTokenRm = &verb{
 	name:     "token rm",
 	summary:  "revoke tokens",
 	synopsis: "[flags] ID|NAME...",
-	details: `Revokes each token: its next request is refused. Its sandboxes are kept;
+	details: `Revokes each token: its next request is refused, and what it has open
+(exec and log streams, terminals, forwards, SSH sessions) ends at once. Its sandboxes are kept;
 the admin sees them (den ls shows their owner in --json) and removes them.`,
 	example: `den token rm agent-1`,
 	run:     cmdTokenRm,

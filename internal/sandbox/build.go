@@ -32,6 +32,18 @@ type BuildRequest struct {
 	Timeout    time.Duration // for the whole build; RUN steps are killed when it ends
 }
 
+// checkBuildTag checks a build's ?t=: a name an image may be stored under,
+// and not one of a build's cache.
+func checkBuildTag(tag string) error {
+	if err := newImageName("t", tag); err != nil {
+		return err
+	}
+	if strings.HasPrefix(tag, cachePrefix) {
+		return api.FieldError("t", "%q is a name of the build cache: pick another name", tag)
+	}
+	return nil
+}
+
 // cachePrefix names the intermediate images of builds; they are hidden
 // from image lists and reused by later builds as the layer cache.
 const cachePrefix = "build-cache:"
@@ -45,8 +57,8 @@ const DefaultBuildTimeout = 30 * time.Minute
 // image. Steps are cached by the parent image, the instruction and the
 // digest of the files they take. Progress goes to out as lines.
 func (m *Manager) Build(ctx context.Context, req BuildRequest, out io.Writer) (*api.Image, error) {
-	if !validImageName(req.Tag) || req.Tag == HostImage || strings.HasPrefix(req.Tag, cachePrefix) {
-		return nil, api.FieldError("t", "%q is not a usable image name (lower case letters, digits, ._/:@-)", req.Tag)
+	if err := checkBuildTag(req.Tag); err != nil {
+		return nil, err
 	}
 	if req.Timeout <= 0 {
 		req.Timeout = DefaultBuildTimeout
@@ -487,6 +499,9 @@ const MaxBuildContext = 4 << 30
 // BuildFromTar unpacks an uploaded build context (a tar stream) into a
 // private temporary directory and builds it.
 func (m *Manager) BuildFromTar(ctx context.Context, r io.Reader, req BuildRequest, out io.Writer) (*api.Image, error) {
+	if err := checkBuildTag(req.Tag); err != nil {
+		return nil, err // before reading the context
+	}
 	if err := m.mayAdd(ctx, boundImages); err != nil {
 		return nil, err
 	}
@@ -516,8 +531,8 @@ func (m *Manager) BuildDebian(ctx context.Context, suite, tag string, out io.Wri
 	if !validSuite(suite) {
 		return nil, api.FieldError("debian", "%q is not a Debian suite name like bookworm", suite)
 	}
-	if !validImageName(tag) || tag == HostImage {
-		return nil, api.FieldError("t", "%q is not a usable image name", tag)
+	if err := newImageName("t", tag); err != nil {
+		return nil, err
 	}
 	mm, err := exec.LookPath("mmdebstrap")
 	if err != nil {

@@ -13,9 +13,6 @@ import (
 	"github.com/den-dev/den/internal/store"
 )
 
-// MaxStdin bounds the stdin bytes carried in one exec request.
-const MaxStdin = 32 << 20
-
 func validateExec(req *api.ExecRequest) error {
 	switch req.Restart {
 	case "", "no", "always", "on-failure":
@@ -33,13 +30,26 @@ func validateExec(req *api.ExecRequest) error {
 	case len(req.Cmd) > 0 && req.Cmd[0] == "":
 		return api.FieldError("cmd", "the program name is empty")
 	}
-	for _, a := range append(append([]string{}, req.Cmd...), req.Shell) {
+	field, args := "cmd", req.Cmd
+	if req.Shell != "" {
+		field, args = "shell", []string{"/bin/sh", "-c", req.Shell}
+	}
+	for i, a := range args {
 		if strings.ContainsRune(a, 0) {
-			return api.FieldError("cmd", "an argument contains a NUL byte")
+			return api.FieldError(field, "an argument contains a NUL byte")
+		}
+		if len(a) > api.MaxArgLen {
+			return api.FieldError(field, "argument %d is %d bytes; Linux takes at most %d per argument (MAX_ARG_STRLEN): pass large data as stdin or a file", i, len(a), api.MaxArgLen)
 		}
 	}
 	if err := validateEnv("env", req.Env); err != nil {
 		return err
+	}
+	if n := api.ArgBytes(args...); n > api.MaxArgTotal {
+		return api.FieldError(field, "the arguments take %d bytes; Linux takes at most %d for arguments and environment together (ARG_MAX): pass large data as stdin or a file", n, api.MaxArgTotal)
+	}
+	if n := api.ArgBytes(args...) + api.ArgBytes(req.Env...); n > api.MaxArgTotal {
+		return api.FieldError("env", "arguments and environment take %d bytes; Linux takes at most %d for both together (ARG_MAX): pass large data as stdin or a file", n, api.MaxArgTotal)
 	}
 	if req.Workdir != "" && !strings.HasPrefix(req.Workdir, "/") {
 		return api.FieldError("workdir", "%q is not an absolute path", req.Workdir)
@@ -47,8 +57,8 @@ func validateExec(req *api.ExecRequest) error {
 	if req.Session != "" && len(req.Stdin) > 0 {
 		return api.FieldError("stdin", "commands in a session read no stdin")
 	}
-	if len(req.Stdin) > MaxStdin {
-		return api.FieldError("stdin", "more than %d bytes: stream large input with a file upload", MaxStdin)
+	if len(req.Stdin) > api.MaxExecStdin {
+		return api.FieldError("stdin", "%d bytes; at most %d go in the request: stream larger input to a background process (POST .../processes, then .../processes/{proc}/stdin; den exec -i does this) or upload a file", len(req.Stdin), api.MaxExecStdin)
 	}
 	return nil
 }

@@ -19,7 +19,18 @@ import (
 	"github.com/den-dev/den/internal/store"
 )
 
-func validImageName(s string) bool { return wordOK(s, 255, "._/:@-", true) }
+// newImageName checks the name an image is to be stored under (field
+// names it in the error): a valid reference (image.CheckName), not the
+// built-in host image.
+func newImageName(field, name string) error {
+	if err := image.CheckName(name); err != nil {
+		return api.FieldError(field, "%q is not a usable image name: %v (names look like app, team/app:v2 or registry.example.com/app:1.0)", name, err)
+	}
+	if name == HostImage {
+		return api.FieldError(field, "%q is the built-in host image: pick another name", name)
+	}
+	return nil
+}
 
 func hostImageRecord() *api.Image {
 	return &api.Image{Name: HostImage, ID: "builtin:host", CreatedAt: time.Unix(0, 0).UTC(),
@@ -30,6 +41,9 @@ func hostImageRecord() *api.Image {
 func (m *Manager) Image(ctx context.Context, name string) (*api.Image, error) {
 	if name == HostImage {
 		return hostImageRecord(), nil
+	}
+	if err := image.CheckName(name); err != nil {
+		return nil, api.FieldError("image", "%q is not an image name: %v", name, err)
 	}
 	img, err := m.db.GetImage(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
@@ -75,8 +89,10 @@ func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) {
 // the image when the archive has one image; otherwise the archive's own
 // names are used.
 func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, progress image.Progress) ([]*api.Image, error) {
-	if name != "" && (!validImageName(name) || name == HostImage) {
-		return nil, api.FieldError("name", "%q is not a usable image name (lower case letters, digits, ._/:@-; not \"host\")", name)
+	if name != "" {
+		if err := newImageName("name", name); err != nil {
+			return nil, err
+		}
 	}
 	if err := m.mayAdd(ctx, boundImages); err != nil {
 		return nil, err
@@ -106,8 +122,8 @@ func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, pro
 				n = fmt.Sprintf("%s-%d", n, i)
 			}
 		}
-		if !validImageName(n) || n == HostImage {
-			return nil, api.Errorf(api.KindInvalid, "import: the archive names an image %q, which is not usable here; pass a name", n)
+		if err := newImageName("name", n); err != nil {
+			return nil, api.Errorf(api.KindInvalid, "import: the archive names an image %q, which is not usable here (%v); pass a name", n, err)
 		}
 		rec := fromStore(n, ni.Image)
 		if err := m.putImage(ctx, rec); err != nil {
@@ -223,8 +239,8 @@ func (m *Manager) putImage(ctx context.Context, img *api.Image) error {
 // Commit makes an image of a sandbox's files as they are: each writable
 // layer becomes a read-only layer on top of the sandbox's image.
 func (m *Manager) Commit(ctx context.Context, id string, req api.CommitRequest) (*api.Image, error) {
-	if !validImageName(req.Name) || req.Name == HostImage {
-		return nil, api.FieldError("name", "%q is not a usable image name (lower case letters, digits, ._/:@-; not \"host\")", req.Name)
+	if err := newImageName("name", req.Name); err != nil {
+		return nil, err
 	}
 	rec, err := m.get(ctx, id)
 	if err != nil {
@@ -323,6 +339,14 @@ func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOpti
 	if ref == "" {
 		return nil, api.FieldError("ref", "missing: name the image to pull, like docker.io/library/alpine:3.20")
 	}
+	if err := image.CheckName(ref); err != nil {
+		return nil, api.FieldError("ref", "%q is not an image reference: %v (like docker.io/library/alpine:3.20)", ref, err)
+	}
+	if name != "" {
+		if err := newImageName("name", strings.ToLower(name)); err != nil {
+			return nil, err // before pulling anything
+		}
+	}
 	ni, err := m.images.Pull(ctx, ref, opts, progress)
 	if err != nil {
 		return nil, api.Errorf(api.KindInvalid, "%v", err)
@@ -334,8 +358,8 @@ func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOpti
 		name = ref
 	}
 	name = strings.ToLower(name)
-	if !validImageName(name) || name == HostImage {
-		return nil, api.FieldError("name", "%q is not a usable image name; pass one", name)
+	if err := newImageName("name", name); err != nil {
+		return nil, err
 	}
 	img := fromStore(name, ni.Image)
 	if err := m.putImage(ctx, img); err != nil {

@@ -526,9 +526,15 @@ func validateEnv(field string, env []string) error {
 		return api.FieldError(field, "more than 4096 variables")
 	}
 	for _, kv := range env {
+		if len(kv) > api.MaxArgLen {
+			return api.FieldError(field, "a variable of %d bytes (%.40q...); Linux takes at most %d per variable (MAX_ARG_STRLEN)", len(kv), kv, api.MaxArgLen)
+		}
 		if !validEnv(kv) {
 			return api.FieldError(field, "%q is not KEY=VALUE", kv)
 		}
+	}
+	if n := api.ArgBytes(env...); n > api.MaxArgTotal {
+		return api.FieldError(field, "the variables take %d bytes; Linux takes at most %d for arguments and environment together (ARG_MAX)", n, api.MaxArgTotal)
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func (m *Manager) previewOf(id string, s share) *api.Preview {
 	p := &api.Preview{Port: s.Port, Public: s.Public, Token: s.Token,
 		Path: "/preview/" + id + "/" + strconv.Itoa(s.Port) + "/"}
 	if m.cfg.PreviewDomain != "" {
-		p.Host = strconv.Itoa(s.Port) + "-" + id[:12] + "." + m.cfg.PreviewDomain
+		p.Host = strconv.Itoa(s.Port) + "-" + id + "." + m.cfg.PreviewDomain
 	}
 	return p
 }
@@ -98,23 +98,54 @@ func (m *Manager) UnsharePort(ctx context.Context, id string, port int) error {
 	return m.put(ctx, rec)
 }
 
+// ErrNoPreview is the one answer to a preview request that may not pass,
+// whatever the reason: no such sandbox, a name or an id prefix instead of
+// the full id, the port not shared, a private port without its token or
+// with a wrong one. So the preview route, which anyone can reach, tells
+// nothing about which sandboxes, names or ports exist.
+var ErrNoPreview = api.Errorf(api.KindNotFound, "no preview here: a preview URL is /preview/ID/PORT/ with the sandbox's full id, and a private one needs its token (?den_token=, from den port ls ID)")
+
+// dummyToken is compared against when there is no token to compare with,
+// so a refusal costs about what a wrong token does.
+var dummyToken = make([]byte, 48)
+
 // PreviewAllowed reports whether a request for a shared port may pass:
-// the port is shared, and public or the token matches.
+// id is a sandbox's full id (names and prefixes are not resolved here,
+// before any authorization), the port is shared, and public or the token
+// matches. Every refusal is ErrNoPreview.
 func (m *Manager) PreviewAllowed(ctx context.Context, id string, port int, token string) (string, error) {
-	rec, err := m.get(ctx, id)
-	if err != nil {
-		return "", err
-	}
-	for _, s := range rec.Ports {
-		if s.Port != port {
-			continue
+	var rec *record
+	if isFullID(id) && validPort(port) == nil {
+		if r, err := m.get(WithScope(ctx, nil), id); err == nil && r.ID == id {
+			rec = r
 		}
-		if s.Public || (token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.Token)) == 1) {
-			return rec.ID, nil
-		}
-		return "", api.Errorf(api.KindUnauthorized, "this preview is private: add ?den_token=TOKEN (from den port)")
 	}
-	return "", api.Errorf(api.KindNotFound, "port %d of sandbox %s is not shared: den port %s %d", port, rec.ID[:12], rec.ID[:12], port)
+	want, public := dummyToken, false
+	if rec != nil {
+		for _, s := range rec.Ports {
+			if s.Port == port {
+				want, public = []byte(s.Token), s.Public
+			}
+		}
+	}
+	match := subtle.ConstantTimeCompare([]byte(token), want) == 1
+	if rec == nil || !public && (!match || token == "") {
+		return "", ErrNoPreview
+	}
+	return rec.ID, nil
+}
+
+// isFullID reports whether s is a whole sandbox id (32 lower-case hex digits).
+func isFullID(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // DialPort connects to a port inside a running sandbox (its loopback).

@@ -44,15 +44,26 @@ func TestValidateCreate(t *testing.T) {
 	}
 }
 
-func TestValidImageName(t *testing.T) {
-	for _, n := range []string{"ubuntu", "docker.io/library/ubuntu:24.04", "a@sha256:00"} {
-		if !validImageName(n) {
-			t.Errorf("%q refused", n)
+func TestNewImageName(t *testing.T) {
+	for _, n := range []string{"ubuntu", "docker.io/library/ubuntu:24.04", "a@sha256:" + strings.Repeat("0", 64)} {
+		if err := newImageName("name", n); err != nil {
+			t.Errorf("%q refused: %v", n, err)
 		}
 	}
-	for _, n := range []string{"", "Ubuntu", "-x", "a b", strings.Repeat("a", 256)} {
-		if validImageName(n) {
-			t.Errorf("%q accepted", n)
+	for _, n := range []string{"", "Ubuntu", "-x", "a b", strings.Repeat("a", 256), "a/../../c", "a//b", "host"} {
+		if err := newImageName("name", n); api.KindOf(err) != api.KindInvalid || err.(*api.Error).Field != "name" {
+			t.Errorf("%q: %v, want invalid naming name", n, err)
+		}
+	}
+}
+
+func TestCheckBuildTag(t *testing.T) {
+	if err := checkBuildTag("app:v1"); err != nil {
+		t.Fatalf("app:v1: %v", err)
+	}
+	for _, tag := range []string{cachePrefix + "x", "a/../b", "host"} {
+		if err := checkBuildTag(tag); api.KindOf(err) != api.KindInvalid || err.(*api.Error).Field != "t" {
+			t.Errorf("%q: %v, want invalid naming t", tag, err)
 		}
 	}
 }

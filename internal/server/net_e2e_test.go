@@ -537,14 +537,14 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 	if status != 201 || json.Unmarshal(b, &p) != nil || p.Token == "" || p.Public {
 		t.Fatalf("share: %d %s", status, b)
 	}
-	if status, b := e.raw(t, "GET", p.Path+"hello?x=1", nil); status != 401 {
+	if status, b := e.raw(t, "GET", p.Path+"hello?x=1", nil); status != 404 {
 		t.Fatalf("private preview without a token: %d %s", status, b)
 	}
 	status, b = e.raw(t, "GET", p.Path+"hello?x=1&den_token="+p.Token, nil)
 	if status != 200 || !strings.HasPrefix(string(b), "path=/hello?x=1 ") {
 		t.Fatalf("preview: %d %s", status, b)
 	}
-	if status, _ := e.raw(t, "GET", p.Path+"?den_token=wrong", nil); status != 401 {
+	if status, _ := e.raw(t, "GET", p.Path+"?den_token=wrong", nil); status != 404 {
 		t.Fatalf("wrong token: %d", status)
 	}
 	// Public: no token; unshare: gone.

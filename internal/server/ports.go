@@ -53,10 +53,7 @@ func (s *Server) unsharePort(w http.ResponseWriter, r *http.Request) {
 // Private previews take the token as ?den_token=, the X-Den-Token header,
 // or the cookie set on the first visit.
 func (s *Server) preview(w http.ResponseWriter, r *http.Request) {
-	port, ok := portParam(w, r)
-	if !ok {
-		return
-	}
+	port, _ := strconv.Atoi(r.PathValue("port")) // a bad port is refused like any other preview
 	s.servePreview(w, r, r.PathValue("id"), port, "/preview/"+r.PathValue("id")+"/"+r.PathValue("port"))
 }
 
@@ -117,12 +114,8 @@ func (s *Server) PreviewHost(domain string, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		portS, id, ok := strings.Cut(strings.TrimSuffix(host, suffix), "-")
-		port, err := strconv.Atoi(portS)
-		if !ok || err != nil || port < 1 || port > 65535 || id == "" {
-			writeError(w, api.Errorf(api.KindNotFound, "preview host names look like PORT-ID.%s", domain))
-			return
-		}
+		portS, id, _ := strings.Cut(strings.TrimSuffix(host, suffix), "-")
+		port, _ := strconv.Atoi(portS) // a bad port or id is refused like any other preview
 		s.servePreview(w, r, id, port, "")
 	})
 }
@@ -146,8 +139,11 @@ func (s *Server) tcp(w http.ResponseWriter, r *http.Request) {
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(api.MaxTTYMessage)
-	ctx, cancel := context.WithCancel(r.Context())
+	// The pipes outlive a cancelled request context only until
+	// closeWhenEnded has closed the connections with the reason.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
+	defer closeWhenEnded(r, c)()
 	go func() {
 		defer cancel()
 		for {

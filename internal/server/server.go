@@ -26,9 +26,6 @@ import (
 	"github.com/den-dev/den/internal/store"
 )
 
-// MaxBody bounds JSON request bodies.
-const MaxBody = 1 << 20
-
 // MaxCapture bounds each of stdout and stderr in a non-streaming exec.
 const MaxCapture = 1 << 20
 
@@ -41,6 +38,8 @@ type Server struct {
 	cgroup  string
 	info    api.Info
 	mux     *http.ServeMux
+	bodies  bodyBudget
+	live    live
 }
 
 // SetInfo sets what GET /v1/info answers (its version is the server's).
@@ -63,12 +62,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(w, r)
 		return
 	}
-	sc, err := s.scopeFor(r.Context(), PrincipalFrom(r.Context()))
+	p := PrincipalFrom(r.Context())
+	ctx := r.Context()
+	if p != nil && p.TokenID != "" {
+		var done func()
+		ctx, done = s.live.track(ctx, p.TokenID) // before the check: see live
+		defer done()
+	}
+	sc, err := s.scopeFor(ctx, p)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	s.mux.ServeHTTP(w, r.WithContext(sandbox.WithScope(r.Context(), sc)))
+	ctx, hold := s.bodies.hold(ctx, p)
+	defer hold.release()
+	s.mux.ServeHTTP(w, r.WithContext(sandbox.WithScope(ctx, sc)))
 }
 
 func (s *Server) routes() {
@@ -173,33 +181,6 @@ func writeError(w http.ResponseWriter, err error) {
 	writeJSON(w, api.HTTPStatus(ae.Kind), api.ErrorDoc{Error: ae})
 }
 
-// decode reads a JSON body strictly: one object, no unknown fields, at most MaxBody bytes.
-func decode(r *http.Request, v any) error { return decodeLimit(r, v, MaxBody) }
-
-// decodeLimit is decode with another bound on the body.
-func decodeLimit(r *http.Request, v any, limit int64) error {
-	body := http.MaxBytesReader(nil, r.Body, limit)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return api.Errorf(api.KindTooLarge, "request body over %d bytes", limit)
-		}
-		return decodeErr(err)
-	}
-	if dec.More() {
-		return api.Errorf(api.KindInvalid, "trailing data after the JSON object")
-	}
-	var extra [1]byte
-	if n, _ := dec.Buffered().Read(extra[:]); n > 0 && !isSpace(extra[0]) {
-		return api.Errorf(api.KindInvalid, "trailing data after the JSON object")
-	}
-	return nil
-}
-
-func isSpace(b byte) bool { return b == ' ' || b == '\n' || b == '\r' || b == '\t' }
-
 func (s *Server) version_(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, api.VersionInfo{Version: s.version, Go: runtime.Version(), Runtimes: s.m.Runtimes(), Cgroup: s.cgroup})
 }
@@ -285,11 +266,9 @@ func (c *capture) write(p []byte) {
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
-	// Stdin travels in the body (base64), so allow more than MaxBody here.
-	if err := decodeLimit(r, &req, sandbox.MaxStdin*4/3+MaxBody); err != nil {
-		if api.KindOf(err) == api.KindTooLarge {
-			err = api.Errorf(api.KindTooLarge, "exec request too large: upload big input as a file")
-		}
+	// Arguments, environment and stdin travel in the body, so allow more
+	// than MaxBody here; each has its own bound (sandbox.validateExec).
+	if err := decodeLimit(r, &req, api.MaxExecBody); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -308,30 +287,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil {
-		writeError(w, err)
+		writeError(w, reqErr(r, err))
 		return
 	}
 	writeJSON(w, 200, api.ExecResult{ExitStatus: *st, Stdout: out.buf.Bytes(), Stderr: errb.buf.Bytes(), Truncated: out.truncated || errb.truncated})
-}
-
-// decodeErr maps a JSON decoding error like decode does.
-func decodeErr(err error) error {
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
-	switch {
-	case errors.Is(err, io.EOF):
-		return api.Errorf(api.KindInvalid, "empty request body: send a JSON object")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return api.Errorf(api.KindInvalid, "malformed JSON: the body ends in the middle of a value")
-	case errors.As(err, &se):
-		return api.Errorf(api.KindInvalid, "malformed JSON at byte %d: %v", se.Offset, err)
-	case errors.As(err, &te):
-		return api.FieldError(te.Field, "want %s, got JSON %s", te.Type, te.Value)
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return api.FieldError(f, "unknown field")
-	}
-	return api.Errorf(api.KindInvalid, "bad request body: %v", err)
 }
 
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, req api.ExecRequest) {
@@ -359,6 +318,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, req api.Exec
 	})
 	mu.Lock()
 	defer mu.Unlock()
+	err = reqErr(r, err)
 	if err != nil && !started {
 		writeError(w, err)
 		return
@@ -447,6 +407,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, method, path st
 			fl.Flush()
 		}
 		if err != nil {
+			if err := reqErr(r, err); r.Context().Err() != nil && api.KindOf(err) != api.KindInternal {
+				api.WriteJSONFrame(w, api.FrameError, err) // why the stream was ended
+				fl.Flush()
+			}
 			return
 		}
 	}

@@ -196,7 +196,9 @@ func (s *Server) Tokens(ctx context.Context) ([]*api.Token, error) {
 }
 
 // RemoveToken revokes a token (by id, unique id prefix or name): its next
-// request is refused. Its sandboxes stay, for the admin to see and remove.
+// request is refused, and its requests in flight (streams, terminals, port
+// forwards, SSH sessions' and MCP calls' requests) are ended with the
+// reason. Its sandboxes stay, for the admin to see and remove.
 func (s *Server) RemoveToken(ctx context.Context, idOrName string) error {
 	o, err := s.db.GetObject(ctx, kindToken, idOrName)
 	switch {
@@ -210,7 +212,8 @@ func (s *Server) RemoveToken(ctx context.Context, idOrName string) error {
 	if err := s.db.DeleteObject(ctx, kindToken, o.ID); err != nil {
 		return err
 	}
-	s.db.AddEvent(ctx, &store.Event{Type: "token.remove", Data: mustJSON(map[string]any{"id": o.ID, "name": o.Name})})
+	ended := s.live.end(o.ID, errRevoked(o.ID, o.Name))
+	s.db.AddEvent(ctx, &store.Event{Type: "token.remove", Data: mustJSON(map[string]any{"id": o.ID, "name": o.Name, "requests_ended": ended})})
 	return nil
 }
 

@@ -42,8 +42,11 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(api.MaxTTYMessage)
-	ctx, cancel := context.WithCancel(r.Context())
+	// The pipes outlive a cancelled request context only until
+	// closeWhenEnded has closed the connections with the reason.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
+	defer closeWhenEnded(r, c, up)()
 	pipe := func(from, to *websocket.Conn) {
 		defer cancel()
 		for {

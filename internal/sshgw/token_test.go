@@ -1,9 +1,15 @@
 package sshgw_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"errors"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/den-dev/den/api"
 )
@@ -78,4 +84,60 @@ func TestTokenKeyScope(t *testing.T) {
 	}
 	r = e.ssh(t, nil, key, "tok-box", "true")
 	e.checkRefused(t, r, k.Fingerprint, "its principal is gone")
+}
+
+// Revoking a token ends its open SSH sessions, with the revocation as the
+// reason on stderr, not only its next logins.
+func TestRevokeEndsSSHSession(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	tok, err := e.h.CreateToken(ctx, api.TokenRequest{Name: "ssh-revoked"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.h.PrincipalForToken(ctx, tok.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := e.ip.Client(p)
+	box, err := tc.Create(ctx, api.CreateRequest{Name: "revoked-box"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.c.Remove(ctx, box.ID, true)
+	key := filepath.Join(e.dir, "revoked_key")
+	if err := keygen(key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.addKey(tc, key, ""); err != nil {
+		t.Fatal(err)
+	}
+	// A session that would run for ten minutes, bounded at one by the test.
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, "ssh", append(append(e.sshArgs(key, "-p"), "revoked-box@127.0.0.1"), "echo started; sleep 600")...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if line != "started\n" {
+		t.Fatalf("the session did not start: %q %v; stderr %q", line, err, stderr.String())
+	}
+	if err := e.h.RemoveToken(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	if cctx.Err() != nil {
+		t.Fatalf("the session of a revoked token was still open after a minute (stderr %q)", stderr.String())
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 255 || !strings.Contains(stderr.String(), "revoked") {
+		t.Fatalf("the session ended with %v, stderr %q; want status 255 and the revocation named", err, stderr.String())
+	}
 }
