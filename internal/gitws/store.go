@@ -178,6 +178,12 @@ func (r *Repo) Discard() {
 // branch is den/<id>.
 func (s *Store) Keep(r *Repo, id string) error {
 	r.Meta.WorkBranch = BranchPrefix + id
+	return s.keep(r, id)
+}
+
+// keep names repository r after id (a sandbox's or a snapshot's) and
+// writes its description beside it.
+func (s *Store) keep(r *Repo, id string) error {
 	dst := s.repoDir(id)
 	os.RemoveAll(dst)
 	if err := os.Rename(r.Dir, dst); err != nil {
@@ -187,6 +193,46 @@ func (s *Store) Keep(r *Repo, id string) error {
 	r.Dir = dst
 	b, _ := json.MarshalIndent(r.Meta, "", "  ")
 	return os.WriteFile(filepath.Join(dst, "den-workspace.json"), b, 0o600)
+}
+
+// Copy gives to (a sandbox or a snapshot) a workspace of its own with the
+// source and base of from's (a sandbox's or a snapshot's): a copy of the
+// daemon's repository, objects hard-linked, so what one records never
+// moves the other's refs. Its branch inside is workBranch ("": from's).
+func (s *Store) Copy(ctx context.Context, from, to, workBranch string) (*Repo, error) {
+	src, err := s.Open(from)
+	if err != nil {
+		return nil, err
+	}
+	unlock := src.Lock() // no snapshot moves its refs mid-copy
+	defer unlock()
+	tmp, err := os.MkdirTemp(s.Dir, "clone-")
+	if err != nil {
+		return nil, err
+	}
+	r := &Repo{Dir: filepath.Join(tmp, "repo.git"), Meta: src.Meta}
+	if workBranch != "" {
+		r.Meta.WorkBranch = workBranch
+	}
+	if _, err := run(ctx, "", nil, "clone", "--mirror", "--quiet", "--", src.Dir, r.Dir); err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("copy the workspace of %s: %w", shortID(from), err)
+	}
+	if _, err := run(ctx, r.Dir, nil, "remote", "remove", "origin"); err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("copy the workspace of %s: %w", shortID(from), err)
+	}
+	if err := s.keep(r, to); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	return r, nil
+}
+
+// Has reports whether id (a sandbox or a snapshot) has a workspace.
+func (s *Store) Has(id string) bool {
+	_, err := os.Stat(filepath.Join(s.repoDir(id), "den-workspace.json"))
+	return err == nil
 }
 
 // Open returns the workspace of sandbox id.
@@ -208,8 +254,8 @@ func (s *Store) Open(id string) (*Repo, error) {
 // Remove deletes the workspace of sandbox id, if it has one.
 func (s *Store) Remove(id string) error { return os.RemoveAll(s.repoDir(id)) }
 
-// Prune removes the workspaces of sandboxes that no longer exist, and
-// clones left over from failed creates.
+// Prune removes the workspaces of sandboxes and snapshots that no longer
+// exist, and clones left over from failed creates.
 func (s *Store) Prune(exists func(id string) bool) {
 	ents, _ := os.ReadDir(s.Dir)
 	for _, e := range ents {

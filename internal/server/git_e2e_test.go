@@ -407,3 +407,85 @@ func TestGitWorkspaceTiers(t *testing.T) {
 		})
 	}
 }
+
+// Forks, snapshots and sandboxes created from a snapshot keep the git
+// workspace: each has its own (branch den/<its id>, the source's base), so
+// an agent can try several ways, see each one's diff and export the one
+// that won.
+func TestGitWorkspaceForks(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	ctx := context.Background()
+	src := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: host}})
+	if out := e.sh(t, src.ID, `cd /workspace && echo shared > edit.txt`); out.ExitCode != 0 {
+		t.Fatalf("change the source: %s", out.Stderr)
+	}
+	forks, err := e.c.Fork(ctx, src.ID, api.ForkRequest{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := e.c.Snapshot(ctx, src.ID, api.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := e.create(t, api.CreateRequest{From: snap.ID})
+	ways := []*api.Sandbox{forks[0], forks[1], from}
+	for i, sb := range ways {
+		script := fmt.Sprintf(`cd /workspace && echo way%d > way%d.txt && git branch --show-current`, i, i)
+		out := e.sh(t, sb.ID, script)
+		if out.ExitCode != 0 || strings.TrimSpace(string(out.Stdout)) != "den/"+sb.ID {
+			t.Errorf("%s: branch inside %q (%s), want den/%s", sb.ID[:12], out.Stdout, out.Stderr, sb.ID)
+		}
+	}
+	base := gitHost(t, host, "rev-parse", "main")
+	for i, sb := range ways {
+		d, err := e.c.Diff(ctx, sb.ID)
+		if err != nil {
+			t.Fatalf("diff of %s: %v", sb.ID[:12], err)
+		}
+		var files []string
+		for _, f := range d.Files {
+			files = append(files, f.Status+" "+f.Path)
+		}
+		want := fmt.Sprintf("M edit.txt,A way%d.txt", i)
+		if strings.Join(files, ",") != want || d.Base != base || d.Branch != "den/"+sb.ID {
+			t.Errorf("diff of %s: files %q base %s branch %s; want %q on %s, branch den/%s", sb.ID[:12], files, d.Base, d.Branch, want, base, sb.ID)
+		}
+	}
+	// The source is unchanged by what the forks did.
+	if d, err := e.c.Diff(ctx, src.ID); err != nil || len(d.Files) != 1 || d.Files[0].Path != "edit.txt" {
+		t.Errorf("diff of the source: %+v %v", d, err)
+	}
+	// The winner (the second fork) goes to a host branch.
+	res, err := e.c.Export(ctx, forks[1].ID, api.ExportRequest{Branch: "agent/winner", Message: "the winner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Base != base || res.Commits != 1 {
+		t.Errorf("export: %+v", res)
+	}
+	if l := gitHost(t, host, "ls-tree", "-r", "--name-only", "agent/winner"); !strings.Contains(l, "way1.txt") || strings.Contains(l, "way0.txt") || strings.Contains(l, "way2.txt") {
+		t.Errorf("files on agent/winner: %s", l)
+	}
+	if got := gitHost(t, host, "show", "agent/winner:edit.txt", "agent/winner:way1.txt"); got != "shared\nway1" {
+		t.Errorf("agent/winner holds %q", got)
+	}
+	if got := gitHost(t, host, "log", "--format=%s", "main..agent/winner"); got != "the winner" {
+		t.Errorf("commits on agent/winner: %q", got)
+	}
+	// The sandbox made from the snapshot exports too, after its source is gone.
+	if err := e.c.Remove(ctx, src.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, api.CreateRequest{Git: &api.GitSource{URL: host}}) // prunes removed sandboxes' workspaces
+	if _, err := e.c.Export(ctx, from.ID, api.ExportRequest{Branch: "agent/from-snapshot"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := gitHost(t, host, "show", "agent/from-snapshot:way2.txt"); got != "way2" {
+		t.Errorf("agent/from-snapshot holds %q", got)
+	}
+	again := e.create(t, api.CreateRequest{From: snap.ID})
+	if d, err := e.c.Diff(ctx, again.ID); err != nil || len(d.Files) != 1 || d.Files[0].Path != "edit.txt" {
+		t.Errorf("diff of a second sandbox from the snapshot (source removed): %+v %v", d, err)
+	}
+}
