@@ -36,6 +36,10 @@ type Meta struct {
 	WorkBranch string `json:"work_branch"`
 	// Base is the commit the workspace started from.
 	Base string `json:"base"`
+	// Author is "Name <email>", the identity git inside commits as
+	// (user.name and user.email in /workspace/.git/config) and the author
+	// of the commit holding the uncommitted changes.
+	Author string `json:"author,omitempty"`
 }
 
 // Store keeps the daemon's repositories, one per workspace, in Dir.
@@ -298,6 +302,10 @@ func (r *Repo) WriteCheckout(ctx context.Context, w io.Writer, uid, gid int) err
 	if r.Meta.HostPath == "" {
 		// The sandbox may fetch from the source itself if its network allows.
 		steps = append(steps, []string{"remote", "add", "origin", r.Meta.Source})
+	}
+	if name, email, err := ParseAuthor(r.Meta.Author); err == nil {
+		// So that a plain git commit works inside.
+		steps = append(steps, []string{"config", "user.name", name}, []string{"config", "user.email", email})
 	}
 	for _, args := range steps {
 		if _, err := run(ctx, co, nil, args...); err != nil {

@@ -51,6 +51,11 @@ func (s *Server) createGit(w http.ResponseWriter, r *http.Request, req api.Creat
 		writeError(w, api.Errorf(api.KindUnauthorized, "git.url: a host path reads the host's files, which only the daemon's administrator may do; give a URL the daemon can clone"))
 		return
 	}
+	author, err := gitws.Author(ctx, src, req.Git.Author)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	st := s.gitStore()
 	// Asked for the daemon: a scoped request sees only its own sandboxes
 	// and would take everyone else's workspaces for removed ones.
@@ -67,6 +72,7 @@ func (s *Server) createGit(w http.ResponseWriter, r *http.Request, req api.Creat
 		writeError(w, err)
 		return
 	}
+	repo.Meta.Author = author
 	if req.Workdir == "" {
 		req.Workdir = gitws.WorkDir
 	}

@@ -341,18 +341,7 @@ func TestGitSymlinkExport(t *testing.T) {
 // works, and export has no host repository to write to.
 func TestGitCreateFromURL(t *testing.T) {
 	e := newGitEnv(t)
-	src := newGitRepo(t)
-	served := t.TempDir()
-	gitHost(t, served, "clone", "-q", "--bare", src, "app.git")
-	gitHost(t, filepath.Join(served, "app.git"), "update-server-info")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: http.FileServer(http.Dir(served))}
-	go hs.Serve(ln)
-	defer hs.Close()
-	url := "http://" + ln.Addr().String() + "/app.git"
+	url := serveRepo(t, newGitRepo(t))
 	sb := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: url, Branch: "other"}})
 	out := e.sh(t, sb.ID, "cd /workspace && git remote get-url origin && cat other.txt && echo new > added.txt")
 	if out.ExitCode != 0 || string(out.Stdout) != url+"\nother\n" {
@@ -368,6 +357,81 @@ func TestGitCreateFromURL(t *testing.T) {
 	_, err = e.c.Export(context.Background(), sb.ID, api.ExportRequest{Branch: "x"})
 	if ae := wantKind(t, err, api.KindInvalid); !strings.Contains(ae.Message, "den diff") {
 		t.Errorf("export of a URL workspace: %s", ae.Message)
+	}
+}
+
+// serveRepo serves a copy of repository src over git's "dumb" HTTP
+// protocol from a loopback file server, and returns its URL.
+func serveRepo(t *testing.T, src string) string {
+	t.Helper()
+	served := t.TempDir()
+	gitHost(t, served, "clone", "-q", "--bare", src, "app.git")
+	gitHost(t, filepath.Join(served, "app.git"), "update-server-info")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.FileServer(http.Dir(served))}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return "http://" + ln.Addr().String() + "/app.git"
+}
+
+// A plain git commit works inside: the author is --git-author's, else the
+// host repository's user.name and user.email, else den's; the commit den
+// makes of uncommitted changes has that author too. A bad author is
+// refused, naming git.author, and creates nothing.
+func TestGitAuthor(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	gitHost(t, host, "config", "user.name", "Host Person")
+	gitHost(t, host, "config", "user.email", "host@example.com")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		git  api.GitSource
+		want string
+	}{
+		{"host repository", api.GitSource{URL: host}, "Host Person <host@example.com>"},
+		{"given", api.GitSource{URL: host, Author: "Ada Lovelace <ada@example.com>"}, "Ada Lovelace <ada@example.com>"},
+		{"URL", api.GitSource{URL: serveRepo(t, host)}, "den <den@localhost>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.git
+			sb := e.create(t, api.CreateRequest{User: "1000:1000", Git: &g})
+			out := e.sh(t, sb.ID, `cd /workspace && echo two > edit.txt && git commit -qam inside && git log -1 --format='%an <%ae>' && echo three > keep.txt`)
+			if out.ExitCode != 0 || strings.TrimSpace(string(out.Stdout)) != tc.want {
+				t.Fatalf("git commit inside: exit %d %q %s, want author %q", out.ExitCode, out.Stdout, out.Stderr, tc.want)
+			}
+			d, err := e.c.Diff(ctx, sb.ID)
+			if err != nil || len(d.Commits) != 2 {
+				t.Fatalf("diff: %+v %v", d, err)
+			}
+			if tc.git.URL != host {
+				return
+			}
+			branch := "author-" + strings.ReplaceAll(tc.name, " ", "-")
+			if _, err := e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: branch}); err != nil {
+				t.Fatal(err)
+			}
+			// Newest first: den's commit of the uncommitted changes (by
+			// the author, committed by den), then the one made inside.
+			name := tc.want[:strings.Index(tc.want, " <")]
+			if got, want := gitHost(t, host, "log", "--format=%an <%ae>|%cn", "main.."+branch), tc.want+"|den\n"+tc.want+"|"+name; got != want {
+				t.Errorf("authors|committers on %s: %q, want %q", branch, got, want)
+			}
+		})
+	}
+	all, _ := e.c.List(ctx, nil)
+	n := len(all)
+	for _, bad := range []string{"Ada Lovelace", "<ada@example.com>", "Ada <ada@example.com> x", "Ada <a b@c>", "Ada\n<ada@example.com>"} {
+		_, err := e.c.Create(ctx, api.CreateRequest{Git: &api.GitSource{URL: host, Author: bad}})
+		if ae := wantKind(t, err, api.KindInvalid); ae.Field != "git.author" {
+			t.Errorf("author %q: field %q, want git.author", bad, ae.Field)
+		}
+	}
+	if all, _ := e.c.List(ctx, nil); len(all) != n {
+		t.Errorf("refused creates left %d sandboxes", len(all)-n)
 	}
 }
 
