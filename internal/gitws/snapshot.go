@@ -467,26 +467,37 @@ func writeImport(w0 io.Writer, spool string, keep []entry, gitlinks map[string]s
 	return w.Flush()
 }
 
-// quote writes a path in git's C-style quoting, which fast-import reads.
+// quote writes a path in git's C-style quoting, which fast-import reads:
+// in double quotes, with \" \\ \a \b \t \n \v \f \r, and other control
+// characters and every byte from 0x80 up as three octal digits.
 func quote(p string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	for i := 0; i < len(p); i++ {
 		c := p[i]
-		switch {
-		case c == '"' || c == '\\':
+		if e := strings.IndexByte("\a\b\t\n\v\f\r\"\\", c); e >= 0 {
 			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c == '\n':
-			b.WriteString(`\n`)
-		case c < 0x20 || c == 0x7f:
-			b.WriteString(`\` + fmt.Sprintf("%03o", c))
-		default:
+			b.WriteByte("abtnvfr\"\\"[e])
+		} else if c < 0x20 || c >= 0x7f {
+			fmt.Fprintf(&b, "\\%03o", c)
+		} else {
 			b.WriteByte(c)
 		}
 	}
 	b.WriteByte('"')
 	return b.String()
+}
+
+// QuotePath prints a path as git does (core.quotePath): as it is, unless
+// it holds a double quote, a backslash, a control character or a byte
+// from 0x80 up, which git quotes (see quote).
+func QuotePath(p string) string {
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return quote(p)
+		}
+	}
+	return p
 }
 
 // Diff describes base..head: commits, changed files and a binary patch.
