@@ -44,7 +44,7 @@ func newGitDaemon(t *testing.T) *gitDaemon {
 				Commits: []api.DiffCommit{{Commit: strings.Repeat("c", 40), Subject: "agent: fix"}},
 				Files: []api.DiffFile{{Path: "b.bin", Status: "A"}, {Path: "new name", OldPath: "old", Status: "R"},
 					{Path: "tab\there", Status: "A"}, {Path: "café \"x\"", OldPath: "back\\slash", Status: "R"}},
-				Patch:   testPatch})
+				Patch: testPatch})
 		})
 		mux.HandleFunc("POST /v1/sandboxes/{id}/export", func(w http.ResponseWriter, r *http.Request) {
 			var req api.ExportRequest
