@@ -173,7 +173,8 @@ func cmdServe(args []string) error {
 		defer eg.Close()
 	}
 	h := server.New(m, db, log, version, rt.CgroupVersion())
-	h.SetInfo(api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil})
+	info := api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil}
+	h.SetInfo(info)
 
 	mcpH, stopMCP := mcpHandler(h, log)
 	defer stopMCP()
@@ -184,6 +185,8 @@ func cmdServe(args []string) error {
 			return err
 		}
 		defer gw.Close()
+		info.SSH = &gw.info // den ssh pins the host key from here
+		h.SetInfo(info)
 	}
 	var servers []*http.Server
 	errc := make(chan error, len(listens))
