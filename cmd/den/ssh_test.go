@@ -149,6 +149,9 @@ func TestSSHInfoRealDaemon(t *testing.T) {
 	if info.SSH == nil || info.SSH.HostKey == "" || !strings.HasPrefix(string(pub), info.SSH.HostKey) || strings.HasSuffix(info.SSH.Addr, ":0") {
 		t.Fatalf("den info ssh: %+v, want the key in %s (%q) and the port listened on", info.SSH, d.data, pub)
 	}
+	if out, err := d.cli(0, "info"); err != nil || !strings.Contains(out, "ssh gateway "+info.SSH.Addr+", host key SHA256:") {
+		t.Errorf("den info: %v\n%s", err, out)
+	}
 	cfg := t.TempDir()
 	cmd := exec.Command(denBinary(t), "ssh", "--json", "web")
 	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + cfg, "XDG_CONFIG_HOME=" + cfg, "DEN_DATA=" + t.TempDir(), "PATH=/usr/bin:/bin"}
