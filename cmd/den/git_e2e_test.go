@@ -49,11 +49,53 @@ func docExample(t *testing.T, file, heading string) []string {
 	return nil
 }
 
+// runDocExample runs the commands of an example (docExample) with den
+// against d, in a new directory, with HOME holding ~/src/app: a host
+// repository whose make test changes a tracked file. It checks the example
+// still has the commands must names, and returns the repository, the
+// directory and the value of $id at the end.
+func runDocExample(t *testing.T, d *daemon, file, heading string, must []string) (app, work, id string) {
+	t.Helper()
+	script := strings.Join(docExample(t, file, heading), "\n")
+	for _, m := range must {
+		if !strings.Contains(script, m) {
+			t.Fatalf("the example in %s no longer has %q: update this test with it\n%s", file, m, script)
+		}
+	}
+	home := t.TempDir()
+	app = filepath.Join(home, "src", "app")
+	os.MkdirAll(app, 0o755)
+	gitwstest.Git(t, app, "init", "-q")
+	os.WriteFile(filepath.Join(app, "Makefile"), []byte("test:\n\techo passed > test-result.txt\n"), 0o644)
+	os.WriteFile(filepath.Join(app, "test-result.txt"), []byte("not run\n"), 0o644)
+	gitwstest.Git(t, app, "add", "-A")
+	gitwstest.Git(t, app, "commit", "-qm", "first")
+	gitwstest.Git(t, app, "config", "user.name", "App Dev")
+	gitwstest.Git(t, app, "config", "user.email", "dev@example.com")
+	work = t.TempDir()
+	cmd := exec.Command("/bin/sh", "-ex", "-c", script+"\necho \"ID=$id\"")
+	cmd.Dir = work
+	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + home,
+		"PATH=" + filepath.Dir(denBinary(t)) + ":/usr/bin:/bin"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the example of %s fails: %v\n%s", file, err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if s, ok := strings.CutPrefix(l, "ID="); ok {
+			id = s
+		}
+	}
+	if len(id) < 12 {
+		t.Fatalf("the example of %s left no sandbox id in $id:\n%s", file, out)
+	}
+	return app, work, id
+}
+
 // The git examples of README.md and docs/git.md, run as they are written
 // (read from the files, so they cannot drift) with den against a real
-// daemon, on a host repository at ~/src/app whose make test changes a
-// tracked file: git commit inside works out of the box, and diff and
-// export give the change back.
+// daemon: git commit inside works out of the box, and diff and export give
+// the change back.
 func TestGitDocExamples(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("the examples run make inside the sandbox (apt-get install make)")
@@ -70,44 +112,9 @@ func TestGitDocExamples(t *testing.T) {
 			[]string{"den create --git ~/src/app", "make test", "den diff", "den export"}, "den: changes in sandbox ID"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
-			cmds := docExample(t, tc.file, tc.heading)
-			script := strings.Join(cmds, "\n")
-			for _, m := range tc.must {
-				if !strings.Contains(script, m) {
-					t.Fatalf("the example in %s no longer has %q: update this test with it\n%s", tc.file, m, script)
-				}
-			}
-			home := t.TempDir()
-			app := filepath.Join(home, "src", "app")
-			os.MkdirAll(app, 0o755)
-			gitwstest.Git(t, app, "init", "-q")
-			os.WriteFile(filepath.Join(app, "Makefile"), []byte("test:\n\techo passed > test-result.txt\n"), 0o644)
-			os.WriteFile(filepath.Join(app, "test-result.txt"), []byte("not run\n"), 0o644)
-			gitwstest.Git(t, app, "add", "-A")
-			gitwstest.Git(t, app, "commit", "-qm", "first")
-			gitwstest.Git(t, app, "config", "user.name", "App Dev")
-			gitwstest.Git(t, app, "config", "user.email", "dev@example.com")
-			work := t.TempDir()
-			cmd := exec.Command("/bin/sh", "-ex", "-c", script+"\necho \"ID=$id\"")
-			cmd.Dir = work
-			cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + home,
-				"PATH=" + filepath.Dir(denBinary(t)) + ":/usr/bin:/bin"}
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("the example of %s fails: %v\n%s", tc.file, err, out)
-			}
-			id := ""
-			for _, l := range strings.Split(string(out), "\n") {
-				if s, ok := strings.CutPrefix(l, "ID="); ok {
-					id = s
-				}
-			}
-			if !strings.Contains(string(out), "test-result.txt") {
-				t.Errorf("den diff --stat did not list test-result.txt:\n%s", out)
-			}
+			app, work, id := runDocExample(t, d, tc.file, tc.heading, tc.must)
 			got := gitwstest.Git(t, app, "log", "--format=%s|%an <%ae>", "main.."+tc.branch)
-			want := strings.ReplaceAll(tc.commits, "ID", id[:min(12, len(id))])
-			want = strings.ReplaceAll(want, "\n", "|App Dev <dev@example.com>\n") + "|App Dev <dev@example.com>"
+			want := strings.ReplaceAll(tc.commits, "ID", id[:12]) + "|App Dev <dev@example.com>"
 			if got != want {
 				t.Errorf("commits on %s: %q, want %q", tc.branch, got, want)
 			}
@@ -123,4 +130,11 @@ func TestGitDocExamples(t *testing.T) {
 			}
 		})
 	}
+	t.Run("docs/git.md forks", func(t *testing.T) {
+		app, _, _ := runDocExample(t, d, "docs/git.md", "## Forks: try several ways, export the winner",
+			[]string{"den fork $id -n 2", "den diff --stat $1", "den export $2 --branch agent/winner"})
+		if got := gitwstest.Git(t, app, "show", "agent/winner:notes.txt", "agent/winner:way.txt"); got != "shared start\ntwo" {
+			t.Errorf("agent/winner holds %q, want the shared start and the second way", got)
+		}
+	})
 }
