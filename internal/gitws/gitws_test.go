@@ -232,3 +232,31 @@ func TestParseSource(t *testing.T) {
 		}
 	}
 }
+
+func TestParseAuthor(t *testing.T) {
+	for in, want := range map[string]string{
+		"Ada Lovelace <ada@example.com>": "Ada Lovelace|ada@example.com",
+		"  Ada   <ada@example.com>  ":    "Ada|ada@example.com",
+		"Zoë Ünicode <z@ex.org>":         "Zoë Ünicode|z@ex.org",
+		"den<den@localhost>":             "den|den@localhost",
+		"Ada Lovelace":                   "",
+		"<ada@example.com>":              "",
+		"Ada <ada@example.com> trailing": "",
+		"Ada <a b@example.com>":          "",
+		"Ada <<ada@example.com>>":        "",
+		"Ada\n<ada@example.com>":         "",
+		"Ada <ada@example.com>\x00":      "",
+		"":                               "",
+	} {
+		name, email, err := ParseAuthor(in)
+		if want == "" {
+			if ae, ok := err.(*api.Error); !ok || ae.Field != "git.author" {
+				t.Errorf("ParseAuthor(%q) = %q %q %v, want an invalid git.author", in, name, email, err)
+			}
+			continue
+		}
+		if err != nil || name+"|"+email != want {
+			t.Errorf("ParseAuthor(%q) = %q %q %v, want %s", in, name, email, err, want)
+		}
+	}
+}
