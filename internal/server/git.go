@@ -145,6 +145,29 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 201, forks)
 }
 
+// restore rolls a sandbox back to a snapshot; a snapshot of a git
+// workspace brings its workspace too (the sandbox's is replaced by a copy,
+// on branch den/<sandbox id>).
+func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
+	var req api.RestoreRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.m.Restore(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if snap, err := s.m.GetSnapshot(r.Context(), req.Snapshot); err == nil {
+		if err := s.carryWorkspace(r.Context(), snap.ID, sb.ID); err != nil {
+			writeError(w, fmt.Errorf("restored %s, but could not copy the snapshot's git workspace: %w", sb.ID[:12], err))
+			return
+		}
+	}
+	writeJSON(w, 200, sb)
+}
+
 // takeSnapshot records a snapshot of a sandbox's files and, for a git
 // workspace, a copy of its workspace, so sandboxes created from the
 // snapshot have one too.

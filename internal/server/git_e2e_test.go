@@ -552,4 +552,18 @@ func TestGitWorkspaceForks(t *testing.T) {
 	if d, err := e.c.Diff(ctx, again.ID); err != nil || len(d.Files) != 1 || d.Files[0].Path != "edit.txt" {
 		t.Errorf("diff of a second sandbox from the snapshot (source removed): %+v %v", d, err)
 	}
+	// A sandbox of another workspace (another repository) restored to the
+	// snapshot takes the snapshot's workspace with its files.
+	other := gitwstest.Repo(t, map[string]string{"elsewhere.txt": "x\n"})
+	plain := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: other}})
+	if _, err := e.c.Restore(ctx, plain.ID, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.c.Diff(ctx, plain.ID)
+	if err != nil || d.Base != base || d.Source != host || len(d.Files) != 1 || d.Files[0].Path != "edit.txt" {
+		t.Errorf("diff after restoring the snapshot: %+v %v, want edit.txt on %s of %s", d, err, base, host)
+	}
+	if out := e.sh(t, plain.ID, "cd /workspace && git branch --show-current"); strings.TrimSpace(string(out.Stdout)) != "den/"+plain.ID {
+		t.Errorf("branch inside after the restore: %q %s", out.Stdout, out.Stderr)
+	}
 }
