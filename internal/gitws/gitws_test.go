@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -257,6 +258,33 @@ func TestParseAuthor(t *testing.T) {
 		}
 		if err != nil || name+"|"+email != want {
 			t.Errorf("ParseAuthor(%q) = %q %q %v, want %s", in, name, email, err, want)
+		}
+	}
+}
+
+// BenchmarkStoreCopy is the cost a git workspace adds to a fork or a
+// snapshot: a copy of the daemon's repository (2,000 files of 1 KiB).
+func BenchmarkStoreCopy(b *testing.B) {
+	files := map[string]string{}
+	for i := range 2000 {
+		files[fmt.Sprintf("d%02d/f%04d.txt", i%40, i)] = strings.Repeat(fmt.Sprintf("line %d\n", i), 128)
+	}
+	host := gitwstest.Repo(b, files)
+	ctx := context.Background()
+	st := &Store{Dir: b.TempDir()}
+	src, _ := ParseSource(host)
+	repo, err := st.Clone(ctx, src, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := st.Keep(repo, "src"); err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for b.Loop() {
+		n++
+		if _, err := st.Copy(ctx, "src", fmt.Sprintf("fork%d", n), fmt.Sprintf("den/fork%d", n)); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
