@@ -56,7 +56,7 @@ const defaultSSHPort = 2222
 func cmdSSH(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	port := f.Int("port", "p", "PORT", "the gateway's port (default $DEN_SSH_PORT, else the daemon's gateway's, else 2222)")
-	host := f.String("ssh-host", "", "HOST", "the gateway's host (default $DEN_SSH_HOST, else the daemon's TCP host, else 127.0.0.1)")
+	host := f.String("ssh-host", "", "HOST", "the gateway's host (default $DEN_SSH_HOST, else the daemon's TCP host, else the gateway's listen address when it is one, else 127.0.0.1)")
 	identity := f.String("identity", "i", "FILE", "private key to use (passed to ssh -i)")
 	data := f.String("data", "", "DIR", "read the host key to pin from this data directory instead of asking the daemon")
 	var forwards, opts []string
@@ -87,14 +87,12 @@ func cmdSSH(c *cli, v *verb, args []string) error {
 		return usagef(v, "--port %d is not a TCP port (1-65535)", *port)
 	}
 	cl := c.client(f)
-	if *host == "" {
-		*host = sshHost(cl.Addr())
-	}
 	var pub []byte
+	var gw *api.SSHGateway
 	if *data != "" {
 		pub, _ = os.ReadFile(filepath.Join(*data, sshHostKeyFile+".pub"))
 	} else {
-		gw := daemonSSH(cl)
+		gw = daemonSSH(cl)
 		if gw != nil {
 			pub = []byte(gw.HostKey)
 			if _, p, err := net.SplitHostPort(gw.Addr); err == nil && *port == 0 {
@@ -103,6 +101,9 @@ func cmdSSH(c *cli, v *verb, args []string) error {
 		} else {
 			pub, _ = os.ReadFile(filepath.Join(envOr("DEN_DATA", "/var/lib/den"), sshHostKeyFile+".pub"))
 		}
+	}
+	if *host == "" {
+		*host = sshHost(cl.Addr(), gw)
 	}
 	if *port == 0 {
 		*port = defaultSSHPort
@@ -156,13 +157,22 @@ func cmdSSH(c *cli, v *verb, args []string) error {
 	return nil
 }
 
-// sshHost is the host of a TCP daemon address, else 127.0.0.1.
-func sshHost(addr string) string {
+// sshHost is $DEN_SSH_HOST, else the host of a TCP daemon address, else
+// the host the gateway listens on (gw, when it is one address), else
+// 127.0.0.1.
+func sshHost(addr string, gw *api.SSHGateway) string {
 	if h := os.Getenv("DEN_SSH_HOST"); h != "" {
 		return h
 	}
 	if u, err := url.Parse(addr); err == nil && (u.Scheme == "tcp" || u.Scheme == "http" || u.Scheme == "https") && u.Hostname() != "" {
 		return u.Hostname()
+	}
+	if gw != nil {
+		if h, _, err := net.SplitHostPort(gw.Addr); err == nil {
+			if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() {
+				return h
+			}
+		}
 	}
 	return "127.0.0.1"
 }

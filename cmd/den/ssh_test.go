@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/den-dev/den/api"
@@ -104,9 +105,11 @@ func TestSSHKeyAddInput(t *testing.T) {
 // port (den info) and pins the key.
 func TestSSHHostKeyFromDaemon(t *testing.T) {
 	pub := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHpg3lL4jKGMVDIX7VJ+Ft/X5YGzXnF1lLlGMJ0W+qNx"
+	var addr atomic.Value // where the gateway listens
+	addr.Store("0.0.0.0:2345")
 	host := miniDaemon(t, func(mux *http.ServeMux) {
 		mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
-			replyJSON(w, 200, api.Info{SSH: &api.SSHGateway{Addr: "0.0.0.0:2345", HostKey: pub}})
+			replyJSON(w, 200, api.Info{SSH: &api.SSHGateway{Addr: addr.Load().(string), HostKey: pub}})
 		})
 	})
 	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
@@ -127,6 +130,12 @@ func TestSSHHostKeyFromDaemon(t *testing.T) {
 	}
 	if known, err := os.ReadFile(out.KnownHosts); err != nil || string(known) != "[127.0.0.1]:2345 "+pub+"\n" {
 		t.Errorf("known_hosts: %q %v", known, err)
+	}
+	// A gateway listening on one address is reached there (the daemon is
+	// on a unix socket: its address says nothing of the host).
+	addr.Store("127.0.0.2:2345")
+	if r := den(t, nil, "", "--host", host, "ssh", "--print", "web"); r.code != 0 || !strings.HasSuffix(strings.TrimSpace(r.stdout), " web@127.0.0.2") {
+		t.Errorf("den ssh to a gateway on 127.0.0.2: %+v", r)
 	}
 	// -p still wins over the daemon's port.
 	if r := den(t, nil, "", "--host", host, "ssh", "--print", "-p", "2200", "web"); r.code != 0 || !strings.HasPrefix(r.stdout, "ssh -p 2200 ") || !strings.Contains(r.stdout, "StrictHostKeyChecking=yes") {
