@@ -323,6 +323,18 @@ type Info struct {
 	DefaultDisk    Size `json:"default_disk,omitempty"`
 	// Network says whether sandboxes can have networked modes.
 	Network bool `json:"network"`
+	// SSH describes den's SSH gateway while it runs (den serve --ssh).
+	SSH *SSHGateway `json:"ssh,omitempty"`
+}
+
+// SSHGateway is den's SSH gateway, for clients to connect to it and pin
+// its host key.
+type SSHGateway struct {
+	// Addr is the address the gateway listens on, like 127.0.0.1:2222.
+	Addr string `json:"addr"`
+	// HostKey is the gateway's public host key as an authorized_keys
+	// line ("ssh-ed25519 AAAA...").
+	HostKey string `json:"host_key"`
 }
 
 // RuntimeInfo describes one isolation tier on this host.

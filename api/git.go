@@ -10,6 +10,12 @@ type GitSource struct {
 	URL string `json:"url"`
 	// Branch (or tag) to start from; default the repository's default branch.
 	Branch string `json:"branch,omitempty"`
+	// Author is "Name <email>", set as user.name and user.email in
+	// /workspace/.git/config so that git commit works inside, and the
+	// author of the commit den makes of uncommitted changes. Default: the
+	// host repository's user.name and user.email (for a host path: its
+	// config, then its owner's global config), else "den <den@localhost>".
+	Author string `json:"author,omitempty"`
 }
 
 // Diff is the answer of GET /v1/sandboxes/{id}/diff: what changed in a git

@@ -41,7 +41,7 @@ type sandboxOpts struct {
 	disk                       api.Size
 	volumes, mounts            []string
 	net                        netOpts
-	git, gitBranch             string
+	git, gitBranch, gitAuthor  string
 }
 
 func (o *sandboxOpts) define(f *flagSet) {
@@ -64,6 +64,7 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(listValue{&o.labels, checkLabel}, "label", "l", "K=V", "set a label (repeatable)")
 	f.Var(stringValue{&o.git}, "git", "", "URL|PATH", "clone a repository into /workspace on a new branch den/<id> (a PATH on the daemon's host: admin only; see den diff, den export)")
 	f.Var(stringValue{&o.gitBranch}, "branch", "", "BRANCH", "with --git: the branch or tag to start from (default the repository's default branch)")
+	f.Var(stringValue{&o.gitAuthor}, "git-author", "", "'NAME <EMAIL>'", "with --git: who git commit inside commits as (default the host repository's user.name and user.email, else den <den@localhost>)")
 	o.net.define(f)
 }
 
@@ -86,9 +87,11 @@ func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, err
 	}
 	var git *api.GitSource
 	if o.git != "" {
-		git = &api.GitSource{URL: gitSource(o.git), Branch: o.gitBranch}
+		git = &api.GitSource{URL: gitSource(o.git), Branch: o.gitBranch, Author: o.gitAuthor}
 	} else if o.gitBranch != "" {
 		return api.CreateRequest{}, usagef(v, "--branch goes with --git URL|PATH")
+	} else if o.gitAuthor != "" {
+		return api.CreateRequest{}, usagef(v, "--git-author goes with --git URL|PATH")
 	}
 	return api.CreateRequest{
 		Git:         git,

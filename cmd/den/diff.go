@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+
+	"github.com/den-dev/den/internal/gitws"
 )
 
 var verbDiff = &verb{
@@ -43,16 +45,18 @@ func cmdDiff(c *cli, v *verb, args []string) error {
 		_, err = c.stdout.Write(d.Patch)
 		return err
 	}
-	fmt.Fprintf(c.stdout, "base %s (%s), %d commits, %d files\n", shortSHA(d.Base), d.Source, len(d.Commits), len(d.Files))
+	fmt.Fprintf(c.stdout, "base %s (%s), %d commit%s, %d file%s\n", shortSHA(d.Base), d.Source,
+		len(d.Commits), plural(len(d.Commits)), len(d.Files), plural(len(d.Files)))
 	for _, cm := range d.Commits {
 		fmt.Fprintf(c.stdout, "commit %s %s\n", shortSHA(cm.Commit), cm.Subject)
 	}
 	for _, fl := range d.Files {
+		// Names are quoted only when they need it, as git prints them.
 		if fl.OldPath != "" {
-			fmt.Fprintf(c.stdout, "%s\t%s -> %q\n", fl.Status, fl.OldPath, fl.Path)
+			fmt.Fprintf(c.stdout, "%s\t%s -> %s\n", fl.Status, gitws.QuotePath(fl.OldPath), gitws.QuotePath(fl.Path))
 			continue
 		}
-		fmt.Fprintf(c.stdout, "%s\t%q\n", fl.Status, fl.Path)
+		fmt.Fprintf(c.stdout, "%s\t%s\n", fl.Status, gitws.QuotePath(fl.Path))
 	}
 	return nil
 }

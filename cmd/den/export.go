@@ -50,6 +50,6 @@ func cmdExport(c *cli, v *verb, args []string) error {
 	if res.Previous != "" {
 		verb = "moved from " + shortSHA(res.Previous)
 	}
-	fmt.Fprintf(c.stdout, "%s %s at %s (%d commits on %s), %s\n", res.Repository, res.Branch, shortSHA(res.Commit), res.Commits, shortSHA(res.Base), verb)
+	fmt.Fprintf(c.stdout, "%s %s at %s (%d commit%s on %s), %s\n", res.Repository, res.Branch, shortSHA(res.Commit), res.Commits, plural(res.Commits), shortSHA(res.Base), verb)
 	return nil
 }

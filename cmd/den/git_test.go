@@ -42,8 +42,9 @@ func newGitDaemon(t *testing.T) *gitDaemon {
 			}
 			replyJSON(w, 200, api.Diff{Source: "/src/app", Branch: "den/box", Base: strings.Repeat("a", 40), Head: strings.Repeat("b", 40),
 				Commits: []api.DiffCommit{{Commit: strings.Repeat("c", 40), Subject: "agent: fix"}},
-				Files:   []api.DiffFile{{Path: "b.bin", Status: "A"}, {Path: "new name", OldPath: "old", Status: "R"}},
-				Patch:   testPatch})
+				Files: []api.DiffFile{{Path: "b.bin", Status: "A"}, {Path: "new name", OldPath: "old", Status: "R"},
+					{Path: "tab\there", Status: "A"}, {Path: "café \"x\"", OldPath: "back\\slash", Status: "R"}},
+				Patch: testPatch})
 		})
 		mux.HandleFunc("POST /v1/sandboxes/{id}/export", func(w http.ResponseWriter, r *http.Request) {
 			var req api.ExportRequest
@@ -55,7 +56,11 @@ func newGitDaemon(t *testing.T) *gitDaemon {
 				replyJSON(w, 409, api.ErrorDoc{Error: api.Errorf(api.KindConflict, "branch main is checked out in /src/app (a worktree of it): export to another branch")})
 				return
 			}
-			replyJSON(w, 200, api.ExportResult{Repository: "/src/app", Branch: req.Branch, Commit: strings.Repeat("d", 40), Base: strings.Repeat("a", 40), Commits: 2})
+			n := 2
+			if req.Branch == "one" {
+				n = 1
+			}
+			replyJSON(w, 200, api.ExportResult{Repository: "/src/app", Branch: req.Branch, Commit: strings.Repeat("d", 40), Base: strings.Repeat("a", 40), Commits: n})
 		})
 	})
 	return g
@@ -73,6 +78,7 @@ func TestCreateGitFlags(t *testing.T) {
 		{[]string{"create", "--git", "repo", "--branch", "dev"}, api.GitSource{URL: filepath.Join(dir, "repo"), Branch: "dev"}},
 		{[]string{"create", "--git", "https://example.com/x.git"}, api.GitSource{URL: "https://example.com/x.git"}},
 		{[]string{"run", "--git", "/abs/repo"}, api.GitSource{URL: "/abs/repo"}},
+		{[]string{"create", "--git", "/abs/repo", "--git-author", "Ada <ada@example.com>"}, api.GitSource{URL: "/abs/repo", Author: "Ada <ada@example.com>"}},
 	} {
 		if r := den(t, nil, "", append([]string{"--host", g.host}, tc.args...)...); r.code != 0 || r.stdout != "0123456789abcdef\n" {
 			t.Fatalf("%v: %+v", tc.args, r)
@@ -86,6 +92,9 @@ func TestCreateGitFlags(t *testing.T) {
 	if r := den(t, nil, "", "--host", g.host, "create", "--branch", "dev"); r.code != 2 || !strings.Contains(r.stderr, "--branch goes with --git") {
 		t.Errorf("--branch without --git: %+v", r)
 	}
+	if r := den(t, nil, "", "--host", g.host, "create", "--git-author", "Ada <ada@example.com>"); r.code != 2 || !strings.Contains(r.stderr, "--git-author goes with --git") {
+		t.Errorf("--git-author without --git: %+v", r)
+	}
 	if len(g.creates) != n {
 		t.Error("a bad create reached the daemon")
 	}
@@ -97,10 +106,12 @@ func TestDiffCLI(t *testing.T) {
 		t.Errorf("den diff: %+v, want the patch's bytes exactly", r)
 	}
 	r := den(t, nil, "", "--host", g.host, "diff", "--stat", "box")
-	for _, want := range []string{"1 commits, 2 files", "commit cccccccccccc agent: fix", "A\t\"b.bin\"", "R\told -> \"new name\""} {
-		if r.code != 0 || !strings.Contains(r.stdout, want) {
-			t.Errorf("den diff --stat lacks %q: %+v", want, r)
-		}
+	// Counts in the singular for one; names quoted only when git would
+	// (a tab, a double quote, a backslash, bytes from 0x80 up).
+	want := "base aaaaaaaaaaaa (/src/app), 1 commit, 4 files\ncommit cccccccccccc agent: fix\n" +
+		"A\tb.bin\nR\told -> new name\nA\t\"tab\\there\"\nR\t\"back\\\\slash\" -> \"caf\\303\\251 \\\"x\\\"\"\n"
+	if r.code != 0 || r.stdout != want {
+		t.Errorf("den diff --stat printed\n%s\nwant\n%s", r.stdout, want)
 	}
 	r = den(t, nil, "", "--host", g.host, "diff", "--json", "box")
 	var d api.Diff
@@ -123,6 +134,9 @@ func TestExportCLI(t *testing.T) {
 	}
 	if got := g.exports[0]; got != (api.ExportRequest{Branch: "agent/fix", Message: "wip", Force: true}) {
 		t.Errorf("sent %+v", got)
+	}
+	if r := den(t, nil, "", "--host", g.host, "export", "box", "--branch", "one"); r.code != 0 || !strings.Contains(r.stdout, "(1 commit on aaaaaaaaaaaa)") {
+		t.Errorf("den export of one commit: %+v", r)
 	}
 	r = den(t, nil, "", "--host", g.host, "export", "--json", "box", "-b", "x")
 	var res api.ExportResult

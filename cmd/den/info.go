@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"golang.org/x/crypto/ssh"
 )
 
 var verbInfo = &verb{
@@ -15,7 +17,8 @@ var verbInfo = &verb{
 	details: `For each tier (linux: namespaces; gvisor: a second kernel, runsc;
 microvm: a virtual machine, QEMU) says whether the daemon's host can run it,
 how (gVisor's platform, the microVM's accelerator kvm or tcg and its guest
-kernel) and, for a missing one, why and what to install.`,
+kernel) and, for a missing one, why and what to install; and the SSH
+gateway's address and host key fingerprint when it runs (den serve --ssh).`,
 	example: "den info\nden info --json | jq '.runtimes[] | select(.available)'",
 	run:     cmdInfo,
 }
@@ -57,7 +60,15 @@ func cmdInfo(c *cli, v *verb, args []string) error {
 	if info.Network {
 		net = "on"
 	}
-	fmt.Fprintf(c.stdout, ", sandbox network %s\n\n", net)
+	fmt.Fprintf(c.stdout, ", sandbox network %s\n", net)
+	if gw := info.SSH; gw != nil {
+		fp := gw.HostKey
+		if key, _, _, _, err := ssh.ParseAuthorizedKey([]byte(gw.HostKey)); err == nil {
+			fp = ssh.FingerprintSHA256(key)
+		}
+		fmt.Fprintf(c.stdout, "ssh gateway %s, host key %s (den ssh pins it)\n", gw.Addr, fp)
+	}
+	fmt.Fprintln(c.stdout)
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUNTIME\tAVAILABLE\tDETAILS")
 	for _, r := range info.Runtimes {

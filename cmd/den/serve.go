@@ -206,6 +206,8 @@ func cmdServe(args []string) error {
 			return err
 		}
 		defer gw.Close()
+		info.SSH = &gw.info // den ssh pins the host key from here
+		h.SetInfo(info)
 	}
 	var servers []*http.Server
 	errc := make(chan error, len(listens))

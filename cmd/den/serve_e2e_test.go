@@ -89,6 +89,7 @@ type daemon struct {
 	storage   string
 	grace     string // --shutdown-grace
 	env       []string
+	args      []string // more den serve flags
 	proc      *serveProc
 	c         *client.Client
 }
@@ -114,6 +115,12 @@ var serveSeq struct {
 // and starts it. env is added to the daemon's environment.
 func newDaemon(t *testing.T, env ...string) *daemon {
 	t.Helper()
+	return newDaemonArgs(t, nil, env...)
+}
+
+// newDaemonArgs is newDaemon with more den serve flags.
+func newDaemonArgs(t *testing.T, args []string, env ...string) *daemon {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("den serve needs root")
 	}
@@ -127,7 +134,7 @@ func newDaemon(t *testing.T, env ...string) *daemon {
 	}
 	addr := "tcp://" + ln.Addr().String()
 	ln.Close()
-	d := &daemon{t: t, data: t.TempDir(), run: fmt.Sprintf("/run/den-e2e/serve-%d-%d", os.Getpid(), n), addr: addr, env: env, storage: "dir", grace: "20s"}
+	d := &daemon{t: t, data: t.TempDir(), run: fmt.Sprintf("/run/den-e2e/serve-%d-%d", os.Getpid(), n), addr: addr, env: env, args: args, storage: "dir", grace: "20s"}
 	if _, err := exec.LookPath("mkfs.btrfs"); err == nil {
 		d.storage = "btrfs"
 	}
@@ -143,6 +150,7 @@ func (d *daemon) start() {
 		"--listen", d.addr, "--listen", "unix://"+filepath.Join(d.run, "den.sock"),
 		"--warm", "0", "--runtimes", "linux", "--net=false", "--storage", d.storage, "--storage-size", "2g",
 		"--shutdown-grace", d.grace)
+	cmd.Args = append(cmd.Args, d.args...)
 	cmd.Env = append(append(os.Environ(), "DEN_TEST_RUN_DEN=1"), d.env...)
 	p := &serveProc{cmd: cmd, done: make(chan struct{}), log: &bytes.Buffer{}, mu: &sync.Mutex{}}
 	cmd.Stdout = lockedBuffer{p.mu, p.log}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -14,9 +13,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/sshgw"
@@ -32,14 +33,16 @@ user set to the sandbox: like ssh -p PORT ID@HOST. A COMMAND runs instead of
 a login shell; -L forwards a local port to a port inside the sandbox. Your
 key must be authorised first (den ssh-key add).
 
-The gateway's host key: on the daemon's own host den reads it from the data
-directory (--data, $DEN_DATA, /var/lib/den: ssh_host_ed25519_key.pub) and
-pins it in den's known_hosts file (~/.config/den/known_hosts), so a changed
-key is refused. Elsewhere the first connection records the key it sees
-(StrictHostKeyChecking=accept-new) and later ones must match it; compare the
-fingerprint with ssh-keygen -lf DATA/ssh_host_ed25519_key.pub on the daemon's
-host. --print (or --json) shows the ssh command instead of running it, for
-IDE configuration.`,
+The gateway's host key and port: den asks the daemon (den info: its ssh
+gateway's address and host key) and pins the key in den's known_hosts file
+(~/.config/den/known_hosts), so a changed key is refused. --data DIR reads
+the key from a data directory instead (DIR/ssh_host_ed25519_key.pub); a
+daemon that does not say (no gateway, or an older den) makes den read
+$DEN_DATA or /var/lib/den. Without a key the first connection records the
+key it sees (StrictHostKeyChecking=accept-new) and later ones must match it;
+compare the fingerprint with ssh-keygen -lf DATA/ssh_host_ed25519_key.pub on
+the daemon's host. --print (or --json) shows the ssh command instead of
+running it, for IDE configuration.`,
 	example: `den ssh web
 		den ssh web -- uname -a
 		den ssh -L 8080:localhost:8000 web
@@ -52,10 +55,10 @@ const defaultSSHPort = 2222
 
 func cmdSSH(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
-	port := f.Int("port", "p", "PORT", "the gateway's port (default $DEN_SSH_PORT or 2222)")
-	host := f.String("ssh-host", "", "HOST", "the gateway's host (default $DEN_SSH_HOST, else the daemon's TCP host, else 127.0.0.1)")
+	port := f.Int("port", "p", "PORT", "the gateway's port (default $DEN_SSH_PORT, else the daemon's gateway's, else 2222)")
+	host := f.String("ssh-host", "", "HOST", "the gateway's host (default $DEN_SSH_HOST, else the daemon's TCP host, else the gateway's listen address when it is one, else 127.0.0.1)")
 	identity := f.String("identity", "i", "FILE", "private key to use (passed to ssh -i)")
-	data := f.String("data", "", "DIR", "the daemon's data directory, to pin its host key (default $DEN_DATA or /var/lib/den)")
+	data := f.String("data", "", "DIR", "read the host key to pin from this data directory instead of asking the daemon")
 	var forwards, opts []string
 	f.Var(listValue{p: &forwards}, "local", "L", "[LADDR:]LPORT:localhost:PORT", "forward a local port to a port inside the sandbox (repeatable)")
 	f.Var(listValue{p: &opts}, "option", "o", "OPT", "an ssh -o option (repeatable)")
@@ -74,23 +77,41 @@ func cmdSSH(c *cli, v *verb, args []string) error {
 		return usagef(v, "bad sandbox ID %q", id)
 	}
 	if !f.isSet("port") {
-		*port = defaultSSHPort
+		*port = 0
 		if p := os.Getenv("DEN_SSH_PORT"); p != "" {
 			if *port, err = strconv.Atoi(p); err != nil {
 				return usagef(v, "DEN_SSH_PORT=%q is not a port number", p)
 			}
 		}
-	}
-	if *port < 1 || *port > 65535 {
+	} else if *port < 1 || *port > 65535 {
 		return usagef(v, "--port %d is not a TCP port (1-65535)", *port)
 	}
+	cl := c.client(f)
+	var pub []byte
+	var gw *api.SSHGateway
+	if *data != "" {
+		pub, _ = os.ReadFile(filepath.Join(*data, sshHostKeyFile+".pub"))
+	} else {
+		gw = daemonSSH(cl)
+		if gw != nil {
+			pub = []byte(gw.HostKey)
+			if _, p, err := net.SplitHostPort(gw.Addr); err == nil && *port == 0 {
+				*port, _ = strconv.Atoi(p)
+			}
+		} else {
+			pub, _ = os.ReadFile(filepath.Join(envOr("DEN_DATA", "/var/lib/den"), sshHostKeyFile+".pub"))
+		}
+	}
 	if *host == "" {
-		*host = sshHost(c.client(f).Addr())
+		*host = sshHost(cl.Addr(), gw)
 	}
-	if *data == "" {
-		*data = envOr("DEN_DATA", "/var/lib/den")
+	if *port == 0 {
+		*port = defaultSSHPort
 	}
-	known, strict, err := sshKnownHosts(*host, *port, *data)
+	if *port < 1 || *port > 65535 {
+		return usagef(v, "port %d is not a TCP port (1-65535)", *port)
+	}
+	known, strict, err := sshKnownHosts(*host, *port, pub)
 	if err != nil {
 		return err
 	}
@@ -136,21 +157,42 @@ func cmdSSH(c *cli, v *verb, args []string) error {
 	return nil
 }
 
-// sshHost is the host of a TCP daemon address, else 127.0.0.1.
-func sshHost(addr string) string {
+// sshHost is $DEN_SSH_HOST, else the host of a TCP daemon address, else
+// the host the gateway listens on (gw, when it is one address), else
+// 127.0.0.1.
+func sshHost(addr string, gw *api.SSHGateway) string {
 	if h := os.Getenv("DEN_SSH_HOST"); h != "" {
 		return h
 	}
 	if u, err := url.Parse(addr); err == nil && (u.Scheme == "tcp" || u.Scheme == "http" || u.Scheme == "https") && u.Hostname() != "" {
 		return u.Hostname()
 	}
+	if gw != nil {
+		if h, _, err := net.SplitHostPort(gw.Addr); err == nil {
+			if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() {
+				return h
+			}
+		}
+	}
 	return "127.0.0.1"
 }
 
+// daemonSSH asks the daemon about its SSH gateway; nil when it has none
+// running, or does not say.
+func daemonSSH(cl *client.Client) *api.SSHGateway {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := cl.Info(ctx)
+	if err != nil {
+		return nil
+	}
+	return info.SSH
+}
+
 // sshKnownHosts returns den's known_hosts file and the host key checking
-// for host:port: the gateway's key pinned when the daemon's data directory
-// is readable here, else trust on first use.
-func sshKnownHosts(host string, port int, data string) (file, strict string, err error) {
+// for host:port: the gateway's key pub (an authorized_keys line) pinned
+// when there is one, else trust on first use.
+func sshKnownHosts(host string, port int, pub []byte) (file, strict string, err error) {
 	dir, err := os.UserConfigDir()
 	if err != nil {
 		return "", "", fmt.Errorf("find a place for den's known_hosts: %w", err)
@@ -158,10 +200,6 @@ func sshKnownHosts(host string, port int, data string) (file, strict string, err
 	file = filepath.Join(dir, "den", "known_hosts")
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
 		return "", "", err
-	}
-	pub, err := os.ReadFile(filepath.Join(data, sshHostKeyFile+".pub"))
-	if err != nil {
-		return file, "accept-new", nil
 	}
 	key, _, _, _, err := ssh.ParseAuthorizedKey(pub)
 	if err != nil {
@@ -209,7 +247,7 @@ const sshHostKeyFile = "ssh_host_ed25519_key"
 // only through API clients of principals: the admin for keys the admin
 // added, the adding token's principal otherwise, narrowed to the key's
 // sandbox.
-func startSSH(addr, data string, h *server.Server, db *store.DB, log *slog.Logger) (io.Closer, error) {
+func startSSH(addr, data string, h *server.Server, db *store.DB, log *slog.Logger) (*sshGateway, error) {
 	key, err := sshgw.LoadHostKey(filepath.Join(data, sshHostKeyFile))
 	if err != nil {
 		return nil, err
@@ -259,13 +297,15 @@ func startSSH(addr, data string, h *server.Server, db *store.DB, log *slog.Logge
 			log.Error("ssh gateway", "err", err)
 		}
 	}()
-	return &sshGateway{Gateway: gw, ip: ip}, nil
+	return &sshGateway{Gateway: gw, ip: ip, info: api.SSHGateway{Addr: ln.Addr().String(),
+		HostKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key.PublicKey())))}}, nil
 }
 
 // sshGateway closes the gateway, then its in-process API transport.
 type sshGateway struct {
 	*sshgw.Gateway
-	ip *server.InProcess
+	ip   *server.InProcess
+	info api.SSHGateway // what GET /v1/info says of it
 }
 
 func (g *sshGateway) Close() error {

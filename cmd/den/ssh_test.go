@@ -1,11 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/den-dev/den/api"
 )
 
 func TestSSHCommandLine(t *testing.T) {
@@ -92,5 +98,85 @@ func TestSSHKeyAddInput(t *testing.T) {
 	}
 	if len(f.log) != n {
 		t.Errorf("bad input reached the daemon: %q", f.log[n:])
+	}
+}
+
+// Without --data, den ssh asks the daemon for its gateway's host key and
+// port (den info) and pins the key.
+func TestSSHHostKeyFromDaemon(t *testing.T) {
+	pub := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHpg3lL4jKGMVDIX7VJ+Ft/X5YGzXnF1lLlGMJ0W+qNx"
+	var addr atomic.Value // where the gateway listens
+	addr.Store("0.0.0.0:2345")
+	host := miniDaemon(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
+			replyJSON(w, 200, api.Info{SSH: &api.SSHGateway{Addr: addr.Load().(string), HostKey: pub}})
+		})
+	})
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	t.Setenv("DEN_SSH_PORT", "")
+	t.Setenv("DEN_SSH_HOST", "")
+	t.Setenv("DEN_DATA", t.TempDir()) // no key there: it must come from the daemon
+	r := den(t, nil, "", "--host", host, "ssh", "--json", "web")
+	var out struct {
+		Argv       []string `json:"argv"`
+		KnownHosts string   `json:"known_hosts"`
+		Checking   string   `json:"host_key_checking"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); r.code != 0 || err != nil {
+		t.Fatalf("den ssh --json: %+v %v", r, err)
+	}
+	if got := strings.Join(out.Argv, " "); !strings.HasPrefix(got, "ssh -p 2345 ") || out.Checking != "yes" {
+		t.Errorf("den ssh: %q, checking %s; want port 2345 and the key pinned", got, out.Checking)
+	}
+	if known, err := os.ReadFile(out.KnownHosts); err != nil || string(known) != "[127.0.0.1]:2345 "+pub+"\n" {
+		t.Errorf("known_hosts: %q %v", known, err)
+	}
+	// A gateway listening on one address is reached there (the daemon is
+	// on a unix socket: its address says nothing of the host).
+	addr.Store("127.0.0.2:2345")
+	if r := den(t, nil, "", "--host", host, "ssh", "--print", "web"); r.code != 0 || !strings.HasSuffix(strings.TrimSpace(r.stdout), " web@127.0.0.2") {
+		t.Errorf("den ssh to a gateway on 127.0.0.2: %+v", r)
+	}
+	// -p still wins over the daemon's port.
+	if r := den(t, nil, "", "--host", host, "ssh", "--print", "-p", "2200", "web"); r.code != 0 || !strings.HasPrefix(r.stdout, "ssh -p 2200 ") || !strings.Contains(r.stdout, "StrictHostKeyChecking=yes") {
+		t.Errorf("den ssh -p 2200: %+v", r)
+	}
+}
+
+// A real den serve --ssh says its gateway's address and host key in den
+// info, and den ssh (no --data, no $DEN_DATA key) pins that key.
+func TestSSHInfoRealDaemon(t *testing.T) {
+	d := newDaemonArgs(t, []string{"--ssh", "127.0.0.1:0"})
+	info, err := d.c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := os.ReadFile(filepath.Join(d.data, sshHostKeyFile+".pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.SSH == nil || info.SSH.HostKey == "" || !strings.HasPrefix(string(pub), info.SSH.HostKey) || strings.HasSuffix(info.SSH.Addr, ":0") {
+		t.Fatalf("den info ssh: %+v, want the key in %s (%q) and the port listened on", info.SSH, d.data, pub)
+	}
+	if out, err := d.cli(0, "info"); err != nil || !strings.Contains(out, "ssh gateway "+info.SSH.Addr+", host key SHA256:") {
+		t.Errorf("den info: %v\n%s", err, out)
+	}
+	cfg := t.TempDir()
+	cmd := exec.Command(denBinary(t), "ssh", "--json", "web")
+	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + cfg, "XDG_CONFIG_HOME=" + cfg, "DEN_DATA=" + t.TempDir(), "PATH=/usr/bin:/bin"}
+	b, err := cmd.Output()
+	var out struct {
+		Argv       []string `json:"argv"`
+		KnownHosts string   `json:"known_hosts"`
+	}
+	if err != nil || json.Unmarshal(b, &out) != nil {
+		t.Fatalf("den ssh --json: %v %s", err, b)
+	}
+	_, port, _ := strings.Cut(info.SSH.Addr, ":")
+	if got := strings.Join(out.Argv, " "); !strings.HasPrefix(got, "ssh -p "+port+" ") || !strings.Contains(got, "StrictHostKeyChecking=yes") {
+		t.Errorf("den ssh: %q, want port %s and the key pinned", got, port)
+	}
+	if known, _ := os.ReadFile(out.KnownHosts); string(known) != "[127.0.0.1]:"+port+" "+info.SSH.HostKey+"\n" {
+		t.Errorf("known_hosts %q", known)
 	}
 }

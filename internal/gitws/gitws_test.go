@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -229,6 +230,61 @@ func TestParseSource(t *testing.T) {
 		}
 		if err != nil || s.URL != c.url || s.HostPath != c.host {
 			t.Errorf("%q: %+v, %v", c.in, s, err)
+		}
+	}
+}
+
+func TestParseAuthor(t *testing.T) {
+	for in, want := range map[string]string{
+		"Ada Lovelace <ada@example.com>": "Ada Lovelace|ada@example.com",
+		"  Ada   <ada@example.com>  ":    "Ada|ada@example.com",
+		"Zoë Ünicode <z@ex.org>":         "Zoë Ünicode|z@ex.org",
+		"den<den@localhost>":             "den|den@localhost",
+		"Ada Lovelace":                   "",
+		"<ada@example.com>":              "",
+		"Ada <ada@example.com> trailing": "",
+		"Ada <a b@example.com>":          "",
+		"Ada <<ada@example.com>>":        "",
+		"Ada\n<ada@example.com>":         "",
+		"Ada <ada@example.com>\x00":      "",
+		"":                               "",
+	} {
+		name, email, err := ParseAuthor(in)
+		if want == "" {
+			if ae, ok := err.(*api.Error); !ok || ae.Field != "git.author" {
+				t.Errorf("ParseAuthor(%q) = %q %q %v, want an invalid git.author", in, name, email, err)
+			}
+			continue
+		}
+		if err != nil || name+"|"+email != want {
+			t.Errorf("ParseAuthor(%q) = %q %q %v, want %s", in, name, email, err, want)
+		}
+	}
+}
+
+// BenchmarkStoreCopy is the cost a git workspace adds to a fork or a
+// snapshot: a copy of the daemon's repository (2,000 files of 1 KiB).
+func BenchmarkStoreCopy(b *testing.B) {
+	files := map[string]string{}
+	for i := range 2000 {
+		files[fmt.Sprintf("d%02d/f%04d.txt", i%40, i)] = strings.Repeat(fmt.Sprintf("line %d\n", i), 128)
+	}
+	host := gitwstest.Repo(b, files)
+	ctx := context.Background()
+	st := &Store{Dir: b.TempDir()}
+	src, _ := ParseSource(host)
+	repo, err := st.Clone(ctx, src, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := st.Keep(repo, "src"); err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for b.Loop() {
+		n++
+		if _, err := st.Copy(ctx, "src", fmt.Sprintf("fork%d", n), fmt.Sprintf("den/fork%d", n)); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

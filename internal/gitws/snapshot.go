@@ -100,7 +100,7 @@ func (r *Repo) Snapshot(ctx context.Context, in Inside, message string) (*Snapsh
 		return nil, err
 	}
 	prev, _ := runS(ctx, r.Dir, "rev-parse", "--verify", "--quiet", "refs/den/head")
-	if err := r.importTree(ctx, spool, keep, gitlinks, parent, message); err != nil {
+	if err := r.importTree(ctx, spool, keep, gitlinks, parent, message, r.Meta.Author); err != nil {
 		return nil, err
 	}
 	head, err := runS(ctx, r.Dir, "rev-parse", "refs/den/head")
@@ -363,7 +363,7 @@ func (r *Repo) checkIgnore(ctx context.Context, tmp string, files map[string][]b
 
 // importTree makes refs/den/head a commit on parent whose tree is exactly
 // the kept entries (and gitlinks), through git fast-import.
-func (r *Repo) importTree(ctx context.Context, spool string, keep []entry, gitlinks map[string]string, parent, message string) error {
+func (r *Repo) importTree(ctx context.Context, spool string, keep []entry, gitlinks map[string]string, parent, message, author string) error {
 	cmd := gitCmd(ctx, r.Dir, "fast-import", "--quiet", "--force", "--done")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -374,7 +374,7 @@ func (r *Repo) importTree(ctx context.Context, spool string, keep []entry, gitli
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	werr := writeImport(stdin, spool, keep, gitlinks, parent, message)
+	werr := writeImport(stdin, spool, keep, gitlinks, parent, message, author)
 	stdin.Close()
 	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("git fast-import: %s", strings.TrimSpace(errb.String()))
@@ -382,7 +382,10 @@ func (r *Repo) importTree(ctx context.Context, spool string, keep []entry, gitli
 	return werr
 }
 
-func writeImport(w0 io.Writer, spool string, keep []entry, gitlinks map[string]string, parent, message string) error {
+// writeImport writes fast-import's input: the kept files as blobs, then a
+// commit of them on parent, by author ("Name <email>"; "" or a bad one:
+// den's).
+func writeImport(w0 io.Writer, spool string, keep []entry, gitlinks map[string]string, parent, message, author string) error {
 	want := map[string]entry{}
 	for _, e := range keep {
 		want[e.name] = e
@@ -442,7 +445,10 @@ func writeImport(w0 io.Writer, spool string, keep []entry, gitlinks map[string]s
 		next++
 	}
 	now := time.Now().Unix()
-	fmt.Fprintf(w, "commit refs/den/head\ncommitter den <den@localhost> %d +0000\ndata %d\n%s\nfrom %s\ndeleteall\n", now, len(message), message, parent)
+	if _, _, err := ParseAuthor(author); err != nil {
+		author = DefaultAuthor
+	}
+	fmt.Fprintf(w, "commit refs/den/head\nauthor %s %d +0000\ncommitter %s %d +0000\ndata %d\n%s\nfrom %s\ndeleteall\n", author, now, DefaultAuthor, now, len(message), message, parent)
 	for _, e := range keep {
 		src := e.name
 		if e.typ == tar.TypeLink {
@@ -461,26 +467,37 @@ func writeImport(w0 io.Writer, spool string, keep []entry, gitlinks map[string]s
 	return w.Flush()
 }
 
-// quote writes a path in git's C-style quoting, which fast-import reads.
+// quote writes a path in git's C-style quoting, which fast-import reads:
+// in double quotes, with \" \\ \a \b \t \n \v \f \r, and other control
+// characters and every byte from 0x80 up as three octal digits.
 func quote(p string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	for i := 0; i < len(p); i++ {
 		c := p[i]
-		switch {
-		case c == '"' || c == '\\':
+		if e := strings.IndexByte("\a\b\t\n\v\f\r\"\\", c); e >= 0 {
 			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c == '\n':
-			b.WriteString(`\n`)
-		case c < 0x20 || c == 0x7f:
-			b.WriteString(`\` + fmt.Sprintf("%03o", c))
-		default:
+			b.WriteByte("abtnvfr\"\\"[e])
+		} else if c < 0x20 || c >= 0x7f {
+			fmt.Fprintf(&b, "\\%03o", c)
+		} else {
 			b.WriteByte(c)
 		}
 	}
 	b.WriteByte('"')
 	return b.String()
+}
+
+// QuotePath prints a path as git does (core.quotePath): as it is, unless
+// it holds a double quote, a backslash, a control character or a byte
+// from 0x80 up, which git quotes (see quote).
+func QuotePath(p string) string {
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return quote(p)
+		}
+	}
+	return p
 }
 
 // Diff describes base..head: commits, changed files and a binary patch.

@@ -36,6 +36,10 @@ type Meta struct {
 	WorkBranch string `json:"work_branch"`
 	// Base is the commit the workspace started from.
 	Base string `json:"base"`
+	// Author is "Name <email>", the identity git inside commits as
+	// (user.name and user.email in /workspace/.git/config) and the author
+	// of the commit holding the uncommitted changes.
+	Author string `json:"author,omitempty"`
 }
 
 // Store keeps the daemon's repositories, one per workspace, in Dir.
@@ -178,6 +182,12 @@ func (r *Repo) Discard() {
 // branch is den/<id>.
 func (s *Store) Keep(r *Repo, id string) error {
 	r.Meta.WorkBranch = BranchPrefix + id
+	return s.keep(r, id)
+}
+
+// keep names repository r after id (a sandbox's or a snapshot's) and
+// writes its description beside it.
+func (s *Store) keep(r *Repo, id string) error {
 	dst := s.repoDir(id)
 	os.RemoveAll(dst)
 	if err := os.Rename(r.Dir, dst); err != nil {
@@ -187,6 +197,46 @@ func (s *Store) Keep(r *Repo, id string) error {
 	r.Dir = dst
 	b, _ := json.MarshalIndent(r.Meta, "", "  ")
 	return os.WriteFile(filepath.Join(dst, "den-workspace.json"), b, 0o600)
+}
+
+// Copy gives to (a sandbox or a snapshot) a workspace of its own with the
+// source and base of from's (a sandbox's or a snapshot's): a copy of the
+// daemon's repository, objects hard-linked, so what one records never
+// moves the other's refs. Its branch inside is workBranch ("": from's).
+func (s *Store) Copy(ctx context.Context, from, to, workBranch string) (*Repo, error) {
+	src, err := s.Open(from)
+	if err != nil {
+		return nil, err
+	}
+	unlock := src.Lock() // no snapshot moves its refs mid-copy
+	defer unlock()
+	tmp, err := os.MkdirTemp(s.Dir, "clone-")
+	if err != nil {
+		return nil, err
+	}
+	r := &Repo{Dir: filepath.Join(tmp, "repo.git"), Meta: src.Meta}
+	if workBranch != "" {
+		r.Meta.WorkBranch = workBranch
+	}
+	if _, err := run(ctx, "", nil, "clone", "--mirror", "--quiet", "--", src.Dir, r.Dir); err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("copy the workspace of %s: %w", shortID(from), err)
+	}
+	if _, err := run(ctx, r.Dir, nil, "remote", "remove", "origin"); err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("copy the workspace of %s: %w", shortID(from), err)
+	}
+	if err := s.keep(r, to); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	return r, nil
+}
+
+// Has reports whether id (a sandbox or a snapshot) has a workspace.
+func (s *Store) Has(id string) bool {
+	_, err := os.Stat(filepath.Join(s.repoDir(id), "den-workspace.json"))
+	return err == nil
 }
 
 // Open returns the workspace of sandbox id.
@@ -208,8 +258,8 @@ func (s *Store) Open(id string) (*Repo, error) {
 // Remove deletes the workspace of sandbox id, if it has one.
 func (s *Store) Remove(id string) error { return os.RemoveAll(s.repoDir(id)) }
 
-// Prune removes the workspaces of sandboxes that no longer exist, and
-// clones left over from failed creates.
+// Prune removes the workspaces of sandboxes and snapshots that no longer
+// exist, and clones left over from failed creates.
 func (s *Store) Prune(exists func(id string) bool) {
 	ents, _ := os.ReadDir(s.Dir)
 	for _, e := range ents {
@@ -252,6 +302,10 @@ func (r *Repo) WriteCheckout(ctx context.Context, w io.Writer, uid, gid int) err
 	if r.Meta.HostPath == "" {
 		// The sandbox may fetch from the source itself if its network allows.
 		steps = append(steps, []string{"remote", "add", "origin", r.Meta.Source})
+	}
+	if name, email, err := ParseAuthor(r.Meta.Author); err == nil {
+		// So that a plain git commit works inside.
+		steps = append(steps, []string{"config", "user.name", name}, []string{"config", "user.email", email})
 	}
 	for _, args := range steps {
 		if _, err := run(ctx, co, nil, args...); err != nil {

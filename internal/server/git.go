@@ -51,16 +51,28 @@ func (s *Server) createGit(w http.ResponseWriter, r *http.Request, req api.Creat
 		writeError(w, api.Errorf(api.KindUnauthorized, "git.url: a host path reads the host's files, which only the daemon's administrator may do; give a URL the daemon can clone"))
 		return
 	}
+	author, err := gitws.Author(ctx, src, req.Git.Author)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	st := s.gitStore()
 	// Asked for the daemon: a scoped request sees only its own sandboxes
 	// and would take everyone else's workspaces for removed ones.
 	daemon := sandbox.WithScope(ctx, nil)
-	st.Prune(func(id string) bool { _, err := s.m.Get(daemon, id); return api.KindOf(err) != api.KindNotFound })
+	st.Prune(func(id string) bool {
+		if _, err := s.m.Get(daemon, id); api.KindOf(err) != api.KindNotFound {
+			return true
+		}
+		_, err := s.m.GetSnapshot(daemon, id)
+		return api.KindOf(err) != api.KindNotFound
+	})
 	repo, err := st.Clone(ctx, src, req.Git.Branch)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	repo.Meta.Author = author
 	if req.Workdir == "" {
 		req.Workdir = gitws.WorkDir
 	}
@@ -78,6 +90,106 @@ func (s *Server) createGit(w http.ResponseWriter, r *http.Request, req api.Creat
 		return
 	}
 	writeJSON(w, 201, sb)
+}
+
+// carryWorkspace gives sandbox id a git workspace of its own copied from
+// from's (the sandbox it was forked from, or the snapshot it was created
+// from): the same source and base, on branch den/<id>, so den diff and den
+// export work on it. The branch checked out inside is renamed to match
+// when the sandbox has git (its files, .git included, are from's). Nothing
+// happens when from has no workspace.
+func (s *Server) carryWorkspace(ctx context.Context, from, id string) error {
+	st := s.gitStore()
+	if !st.Has(from) {
+		return nil
+	}
+	old, err := st.Open(from)
+	if err != nil {
+		return err
+	}
+	repo, err := st.Copy(ctx, from, id, gitws.BranchPrefix+id)
+	if err != nil {
+		return err
+	}
+	script := fmt.Sprintf(`cd %s && [ "$(git -c safe.directory='*' symbolic-ref -q HEAD)" = refs/heads/%s ] && git -c safe.directory='*' branch -m %s %s`,
+		gitws.WorkDir, old.Meta.WorkBranch, old.Meta.WorkBranch, repo.Meta.WorkBranch)
+	if _, err := s.insideOutput(ctx, id, script, 30*time.Second); err != nil {
+		s.log.Info("git workspace: branch inside not renamed", "sandbox", id, "branch", old.Meta.WorkBranch, "err", err)
+	}
+	return nil
+}
+
+// fork makes forks of a sandbox, each with a git workspace of its own when
+// the sandbox has one.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var req api.ForkRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	forks, err := s.m.Fork(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	for _, f := range forks {
+		if err := s.carryWorkspace(r.Context(), f.ForkOf, f.ID); err != nil {
+			for _, f := range forks {
+				s.m.Remove(context.WithoutCancel(r.Context()), f.ID, true)
+				s.gitStore().Remove(f.ID)
+			}
+			writeError(w, fmt.Errorf("fork: copy the git workspace: %w", err))
+			return
+		}
+	}
+	writeJSON(w, 201, forks)
+}
+
+// restore rolls a sandbox back to a snapshot; a snapshot of a git
+// workspace brings its workspace too (the sandbox's is replaced by a copy,
+// on branch den/<sandbox id>).
+func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
+	var req api.RestoreRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.m.Restore(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if snap, err := s.m.GetSnapshot(r.Context(), req.Snapshot); err == nil {
+		if err := s.carryWorkspace(r.Context(), snap.ID, sb.ID); err != nil {
+			writeError(w, fmt.Errorf("restored %s, but could not copy the snapshot's git workspace: %w", sb.ID[:12], err))
+			return
+		}
+	}
+	writeJSON(w, 200, sb)
+}
+
+// takeSnapshot records a snapshot of a sandbox's files and, for a git
+// workspace, a copy of its workspace, so sandboxes created from the
+// snapshot have one too.
+func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req api.SnapshotRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	snap, err := s.m.Snapshot(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if st := s.gitStore(); st.Has(snap.Sandbox) {
+		if _, err := st.Copy(r.Context(), snap.Sandbox, snap.ID, ""); err != nil {
+			s.m.RemoveSnapshot(context.WithoutCancel(r.Context()), snap.ID)
+			writeError(w, fmt.Errorf("snapshot: copy the git workspace: %w", err))
+			return
+		}
+	}
+	writeJSON(w, 201, snap)
 }
 
 // populate unpacks the checkout at the sandbox's /, as /workspace owned by

@@ -341,18 +341,7 @@ func TestGitSymlinkExport(t *testing.T) {
 // works, and export has no host repository to write to.
 func TestGitCreateFromURL(t *testing.T) {
 	e := newGitEnv(t)
-	src := newGitRepo(t)
-	served := t.TempDir()
-	gitHost(t, served, "clone", "-q", "--bare", src, "app.git")
-	gitHost(t, filepath.Join(served, "app.git"), "update-server-info")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: http.FileServer(http.Dir(served))}
-	go hs.Serve(ln)
-	defer hs.Close()
-	url := "http://" + ln.Addr().String() + "/app.git"
+	url := serveRepo(t, newGitRepo(t))
 	sb := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: url, Branch: "other"}})
 	out := e.sh(t, sb.ID, "cd /workspace && git remote get-url origin && cat other.txt && echo new > added.txt")
 	if out.ExitCode != 0 || string(out.Stdout) != url+"\nother\n" {
@@ -368,6 +357,81 @@ func TestGitCreateFromURL(t *testing.T) {
 	_, err = e.c.Export(context.Background(), sb.ID, api.ExportRequest{Branch: "x"})
 	if ae := wantKind(t, err, api.KindInvalid); !strings.Contains(ae.Message, "den diff") {
 		t.Errorf("export of a URL workspace: %s", ae.Message)
+	}
+}
+
+// serveRepo serves a copy of repository src over git's "dumb" HTTP
+// protocol from a loopback file server, and returns its URL.
+func serveRepo(t *testing.T, src string) string {
+	t.Helper()
+	served := t.TempDir()
+	gitHost(t, served, "clone", "-q", "--bare", src, "app.git")
+	gitHost(t, filepath.Join(served, "app.git"), "update-server-info")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.FileServer(http.Dir(served))}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return "http://" + ln.Addr().String() + "/app.git"
+}
+
+// A plain git commit works inside: the author is --git-author's, else the
+// host repository's user.name and user.email, else den's; the commit den
+// makes of uncommitted changes has that author too. A bad author is
+// refused, naming git.author, and creates nothing.
+func TestGitAuthor(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	gitHost(t, host, "config", "user.name", "Host Person")
+	gitHost(t, host, "config", "user.email", "host@example.com")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		git  api.GitSource
+		want string
+	}{
+		{"host repository", api.GitSource{URL: host}, "Host Person <host@example.com>"},
+		{"given", api.GitSource{URL: host, Author: "Ada Lovelace <ada@example.com>"}, "Ada Lovelace <ada@example.com>"},
+		{"URL", api.GitSource{URL: serveRepo(t, host)}, "den <den@localhost>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.git
+			sb := e.create(t, api.CreateRequest{User: "1000:1000", Git: &g})
+			out := e.sh(t, sb.ID, `cd /workspace && echo two > edit.txt && git commit -qam inside && git log -1 --format='%an <%ae>' && echo three > keep.txt`)
+			if out.ExitCode != 0 || strings.TrimSpace(string(out.Stdout)) != tc.want {
+				t.Fatalf("git commit inside: exit %d %q %s, want author %q", out.ExitCode, out.Stdout, out.Stderr, tc.want)
+			}
+			d, err := e.c.Diff(ctx, sb.ID)
+			if err != nil || len(d.Commits) != 2 {
+				t.Fatalf("diff: %+v %v", d, err)
+			}
+			if tc.git.URL != host {
+				return
+			}
+			branch := "author-" + strings.ReplaceAll(tc.name, " ", "-")
+			if _, err := e.c.Export(ctx, sb.ID, api.ExportRequest{Branch: branch}); err != nil {
+				t.Fatal(err)
+			}
+			// Newest first: den's commit of the uncommitted changes (by
+			// the author, committed by den), then the one made inside.
+			name := tc.want[:strings.Index(tc.want, " <")]
+			if got, want := gitHost(t, host, "log", "--format=%an <%ae>|%cn", "main.."+branch), tc.want+"|den\n"+tc.want+"|"+name; got != want {
+				t.Errorf("authors|committers on %s: %q, want %q", branch, got, want)
+			}
+		})
+	}
+	all, _ := e.c.List(ctx, nil)
+	n := len(all)
+	for _, bad := range []string{"Ada Lovelace", "<ada@example.com>", "Ada <ada@example.com> x", "Ada <a b@c>", "Ada\n<ada@example.com>"} {
+		_, err := e.c.Create(ctx, api.CreateRequest{Git: &api.GitSource{URL: host, Author: bad}})
+		if ae := wantKind(t, err, api.KindInvalid); ae.Field != "git.author" {
+			t.Errorf("author %q: field %q, want git.author", bad, ae.Field)
+		}
+	}
+	if all, _ := e.c.List(ctx, nil); len(all) != n {
+		t.Errorf("refused creates left %d sandboxes", len(all)-n)
 	}
 }
 
@@ -405,5 +469,101 @@ func TestGitWorkspaceTiers(t *testing.T) {
 				t.Errorf("commits %+v, files %+v", d.Commits, d.Files)
 			}
 		})
+	}
+}
+
+// Forks, snapshots and sandboxes created from a snapshot keep the git
+// workspace: each has its own (branch den/<its id>, the source's base), so
+// an agent can try several ways, see each one's diff and export the one
+// that won.
+func TestGitWorkspaceForks(t *testing.T) {
+	e := newGitEnv(t)
+	host := newGitRepo(t)
+	ctx := context.Background()
+	src := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: host}})
+	if out := e.sh(t, src.ID, `cd /workspace && echo shared > edit.txt`); out.ExitCode != 0 {
+		t.Fatalf("change the source: %s", out.Stderr)
+	}
+	forks, err := e.c.Fork(ctx, src.ID, api.ForkRequest{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := e.c.Snapshot(ctx, src.ID, api.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := e.create(t, api.CreateRequest{From: snap.ID})
+	ways := []*api.Sandbox{forks[0], forks[1], from}
+	for i, sb := range ways {
+		script := fmt.Sprintf(`cd /workspace && echo way%d > way%d.txt && git branch --show-current`, i, i)
+		out := e.sh(t, sb.ID, script)
+		if out.ExitCode != 0 || strings.TrimSpace(string(out.Stdout)) != "den/"+sb.ID {
+			t.Errorf("%s: branch inside %q (%s), want den/%s", sb.ID[:12], out.Stdout, out.Stderr, sb.ID)
+		}
+	}
+	base := gitHost(t, host, "rev-parse", "main")
+	for i, sb := range ways {
+		d, err := e.c.Diff(ctx, sb.ID)
+		if err != nil {
+			t.Fatalf("diff of %s: %v", sb.ID[:12], err)
+		}
+		var files []string
+		for _, f := range d.Files {
+			files = append(files, f.Status+" "+f.Path)
+		}
+		want := fmt.Sprintf("M edit.txt,A way%d.txt", i)
+		if strings.Join(files, ",") != want || d.Base != base || d.Branch != "den/"+sb.ID {
+			t.Errorf("diff of %s: files %q base %s branch %s; want %q on %s, branch den/%s", sb.ID[:12], files, d.Base, d.Branch, want, base, sb.ID)
+		}
+	}
+	// The source is unchanged by what the forks did.
+	if d, err := e.c.Diff(ctx, src.ID); err != nil || len(d.Files) != 1 || d.Files[0].Path != "edit.txt" {
+		t.Errorf("diff of the source: %+v %v", d, err)
+	}
+	// The winner (the second fork) goes to a host branch.
+	res, err := e.c.Export(ctx, forks[1].ID, api.ExportRequest{Branch: "agent/winner", Message: "the winner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Base != base || res.Commits != 1 {
+		t.Errorf("export: %+v", res)
+	}
+	if l := gitHost(t, host, "ls-tree", "-r", "--name-only", "agent/winner"); !strings.Contains(l, "way1.txt") || strings.Contains(l, "way0.txt") || strings.Contains(l, "way2.txt") {
+		t.Errorf("files on agent/winner: %s", l)
+	}
+	if got := gitHost(t, host, "show", "agent/winner:edit.txt", "agent/winner:way1.txt"); got != "shared\nway1" {
+		t.Errorf("agent/winner holds %q", got)
+	}
+	if got := gitHost(t, host, "log", "--format=%s", "main..agent/winner"); got != "the winner" {
+		t.Errorf("commits on agent/winner: %q", got)
+	}
+	// The sandbox made from the snapshot exports too, after its source is gone.
+	if err := e.c.Remove(ctx, src.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, api.CreateRequest{Git: &api.GitSource{URL: host}}) // prunes removed sandboxes' workspaces
+	if _, err := e.c.Export(ctx, from.ID, api.ExportRequest{Branch: "agent/from-snapshot"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := gitHost(t, host, "show", "agent/from-snapshot:way2.txt"); got != "way2" {
+		t.Errorf("agent/from-snapshot holds %q", got)
+	}
+	again := e.create(t, api.CreateRequest{From: snap.ID})
+	if d, err := e.c.Diff(ctx, again.ID); err != nil || len(d.Files) != 1 || d.Files[0].Path != "edit.txt" {
+		t.Errorf("diff of a second sandbox from the snapshot (source removed): %+v %v", d, err)
+	}
+	// A sandbox of another workspace (another repository) restored to the
+	// snapshot takes the snapshot's workspace with its files.
+	other := gitwstest.Repo(t, map[string]string{"elsewhere.txt": "x\n"})
+	plain := e.create(t, api.CreateRequest{Git: &api.GitSource{URL: other}})
+	if _, err := e.c.Restore(ctx, plain.ID, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.c.Diff(ctx, plain.ID)
+	if err != nil || d.Base != base || d.Source != host || len(d.Files) != 1 || d.Files[0].Path != "edit.txt" {
+		t.Errorf("diff after restoring the snapshot: %+v %v, want edit.txt on %s of %s", d, err, base, host)
+	}
+	if out := e.sh(t, plain.ID, "cd /workspace && git branch --show-current"); strings.TrimSpace(string(out.Stdout)) != "den/"+plain.ID {
+		t.Errorf("branch inside after the restore: %q %s", out.Stdout, out.Stderr)
 	}
 }

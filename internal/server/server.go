@@ -200,6 +200,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if sb.From != "" {
+		if err := s.carryWorkspace(r.Context(), sb.From, sb.ID); err != nil {
+			s.m.Remove(context.WithoutCancel(r.Context()), sb.ID, true)
+			s.gitStore().Remove(sb.ID)
+			writeError(w, fmt.Errorf("create from %s: copy the git workspace: %w", sb.From, err))
+			return
+		}
+	}
 	writeJSON(w, 201, sb)
 }
 

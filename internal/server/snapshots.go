@@ -26,12 +26,12 @@ func withBody[Req, T any](status int, f func(context.Context, string, Req) (T, e
 
 func (s *Server) snapshotRoutes() {
 	h := s.mux.HandleFunc
-	h("POST /v1/sandboxes/{id}/snapshots", withBody(201, s.m.Snapshot))
+	h("POST /v1/sandboxes/{id}/snapshots", s.takeSnapshot)
 	h("GET /v1/sandboxes/{id}/snapshots", byID(func(ctx context.Context, id string) ([]*api.Snapshot, error) {
 		return s.m.Snapshots(ctx, id)
 	}))
-	h("POST /v1/sandboxes/{id}/restore", withBody(200, s.m.Restore))
-	h("POST /v1/sandboxes/{id}/fork", withBody(201, s.m.Fork))
+	h("POST /v1/sandboxes/{id}/restore", s.restore)
+	h("POST /v1/sandboxes/{id}/fork", s.fork)
 	h("GET /v1/snapshots", func(w http.ResponseWriter, r *http.Request) {
 		list, err := s.m.Snapshots(r.Context(), r.URL.Query().Get("sandbox"))
 		if err != nil {
