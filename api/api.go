@@ -133,7 +133,8 @@ type ExecRequest struct {
 	Timeout Duration `json:"timeout,omitempty"`
 	// Session runs the command in the named shell session of the sandbox
 	// (created on first use): the working directory, variables and shell
-	// functions one command leaves are there for the next. Commands of a
+	// functions one command leaves are there for the next. Shell runs in
+	// the session's shell as it is, Cmd with each argument quoted. Commands of a
 	// session run one at a time; a timeout ends the session.
 	Session string `json:"session,omitempty"`
 	// Restart and Name apply to background processes (POST .../processes):

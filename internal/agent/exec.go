@@ -27,6 +27,10 @@ type ExecSpec struct {
 	// Session names a shell whose state (cwd, variables, functions)
 	// persists from one exec to the next.
 	Session string `json:"session,omitempty"`
+	// Shell is a session command given as a shell line (the request's
+	// shell), run by the session's shell as it is; without it the
+	// session runs Argv, each argument quoted.
+	Shell string `json:"shell,omitempty"`
 	// Restart makes a background process a service: "always" or
 	// "on-failure" start it again (with backoff) when it ends.
 	Restart string `json:"restart,omitempty"`

@@ -204,6 +204,9 @@ func (m *Manager) execSpec(ctx context.Context, sb *api.Sandbox, req *api.ExecRe
 		Restart: req.Restart, Name: req.Name, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols,
 		Image: sb.Image,
 	}
+	if req.Session != "" {
+		spec.Shell = req.Shell
+	}
 	return spec, argv, user
 }
 
