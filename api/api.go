@@ -28,6 +28,9 @@ const (
 	StateFailed = "failed"
 )
 
+// States lists every state a sandbox can be in, in lifecycle order.
+var States = []string{StateCreating, StateRunning, StatePaused, StateHibernated, StateStopped, StateFailed, StateRemoving}
+
 // Sandbox is the record of one sandbox.
 type Sandbox struct {
 	ID      string `json:"id"`

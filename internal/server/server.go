@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/store"
 )
@@ -415,7 +416,13 @@ func (s *Server) proxyJSON(path string, newReq func() any) http.HandlerFunc {
 }
 
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, method, path string, q url.Values, body io.Reader) {
-	ag, _, err := s.m.Agent(r.Context(), r.PathValue("id"))
+	s.forwardTo(w, r, s.m.Agent, method, path, q, body)
+}
+
+// forwardTo is forward with the agent looked up by agentOf: Agent wakes a
+// sleeping sandbox, ReadAgent (for read-only calls) leaves it asleep.
+func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, agentOf func(context.Context, string) (*agent.Client, *api.Sandbox, error), method, path string, q url.Values, body io.Reader) {
+	ag, _, err := agentOf(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -539,7 +546,13 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 			}
 			body = r.Body
 		}
-		s.forward(w, r, method, path, q, body)
+		// Listing processes and reading logs leave a sleeping sandbox
+		// asleep; following logs, waiting, signals and stdin wake it.
+		agentOf := s.m.Agent
+		if follow, _ := boolParam(r, "follow"); method == "GET" && (suffix == "" || (suffix == "/output" && !follow)) {
+			agentOf = s.m.ReadAgent
+		}
+		s.forwardTo(w, r, agentOf, method, path, q, body)
 	}
 }
 
@@ -678,7 +691,11 @@ func (s *Server) sessionProxy(method string) http.HandlerFunc {
 		if n := r.PathValue("name"); n != "" {
 			path += "/" + url.PathEscape(n)
 		}
-		s.forward(w, r, method, path, nil, nil)
+		agentOf := s.m.Agent
+		if method == "GET" {
+			agentOf = s.m.ReadAgent
+		}
+		s.forwardTo(w, r, agentOf, method, path, nil, nil)
 	}
 }
 
