@@ -11,7 +11,7 @@ import (
 )
 
 // Read-only calls (inspect, ls, stats, ps, logs, sessions, port ls) leave
-// a paused or hibernated sandbox asleep; an exec wakes it. /metrics
+// a paused or hibernated sandbox asleep; preview traffic and exec wake it. /metrics
 // counts sandboxes in every state.
 func TestReadOnlyCallsLeaveSandboxAsleep(t *testing.T) {
 	e := newEnv(t)
@@ -29,7 +29,7 @@ func testSleepers(t *testing.T, e *env, req api.CreateRequest, resumed string) {
 		t.Fatal(err)
 	}
 	e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: "true", Session: "s"})
-	if _, err := e.c.SharePort(ctx, sb.ID, 8000, false); err != nil {
+	if _, err := e.c.SharePort(ctx, sb.ID, 8000, true); err != nil {
 		t.Fatal(err)
 	}
 	metric := func(state string) string {
@@ -103,6 +103,17 @@ func testSleepers(t *testing.T, e *env, req api.CreateRequest, resumed string) {
 		}
 		if got := metric(api.StateRunning); got != "0" {
 			t.Fatalf("running sandboxes while it is %s: %s", sleep.state, got)
+		}
+		// Traffic to a preview wakes it (whether or not anything answers
+		// on the port yet).
+		if status, b := e.raw(t, "GET", "/preview/"+sb.ID+"/8000/", nil); status == 0 {
+			t.Fatalf("preview of a %s sandbox: %d %s", sleep.state, status, b)
+		}
+		if now, _ := e.c.Get(ctx, sb.ID); now.State != api.StateRunning {
+			t.Fatalf("preview traffic left a %s sandbox %s", sleep.state, now.State)
+		}
+		if s, err := sleep.do(ctx, sb.ID); err != nil || s.State != sleep.state {
+			t.Fatalf("%s again: %+v %v", sleep.state, s, err)
 		}
 		// An exec wakes it.
 		if got := string(e.sh(t, sb.ID, "echo awake").Stdout); got != "awake\n" {
