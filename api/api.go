@@ -306,7 +306,9 @@ type EscalateRequest struct {
 	Runtime string `json:"runtime"`
 }
 
-// Process states.
+// Process states. A process that was running when its sandbox was paused
+// or hibernated is listed, while the sandbox sleeps, in the sandbox's
+// state (StatePaused, StateHibernated).
 const (
 	ProcRunning = "running"
 	ProcExited  = "exited"

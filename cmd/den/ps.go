@@ -18,8 +18,9 @@ var verbPs = &verb{
 oldest first. EXIT is the exit code, or the signal, timeout, oom or failed.
 NAME is the name given with den exec -d --name; RESTARTS, for a service
 (den exec -d --restart), how often it was started again, and its policy.
-A paused or hibernated sandbox is left asleep: den ps then says so (den
-resume ID, or any exec, wakes it).`,
+A paused or hibernated sandbox is left asleep: den ps lists the processes
+it had when it went to sleep, those running then in STATE paused or
+hibernated (den resume ID, or any exec, wakes it).`,
 	example: `den ps web
 		den ps --json web`,
 	run: cmdPs,

@@ -114,12 +114,23 @@ func TestMCPLifecycleTools(t *testing.T) {
 	}
 
 	// pause / resume / hibernate.
+	var bg execResult
+	s.ok(t, "exec", map[string]any{"sandbox": id, "shell": "sleep 1000", "background": true}, &bg)
+	if bg.Process == nil || bg.Process.ID == "" {
+		t.Fatalf("background exec = %+v", bg)
+	}
 	var out struct{ Sandbox api.Sandbox }
 	s.ok(t, "pause", map[string]any{"sandbox": id}, &out)
 	if out.Sandbox.State != api.StatePaused {
 		t.Fatalf("pause = %+v", out.Sandbox)
 	}
-	s.fail(t, "process_list", map[string]any{"sandbox": id}, "conflict", "paused", "den resume")
+	// Reading a paused sandbox leaves it paused.
+	var procs struct{ Processes []api.ProcessInfo }
+	s.ok(t, "process_list", map[string]any{"sandbox": id}, &procs)
+	if n := len(procs.Processes); n == 0 || procs.Processes[n-1].ID != bg.Process.ID || procs.Processes[n-1].State != api.StatePaused {
+		t.Errorf("process_list of a paused sandbox = %+v", procs.Processes)
+	}
+	s.fail(t, "process_logs", map[string]any{"sandbox": id, "process": bg.Process.ID}, "conflict", "paused", "den resume")
 	s.ok(t, "resume", map[string]any{"sandbox": id}, &out)
 	if out.Sandbox.State != api.StateRunning || out.Sandbox.Resumed != api.ResumedThawed {
 		t.Fatalf("resume after pause = %+v", out.Sandbox)

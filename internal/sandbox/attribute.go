@@ -99,10 +99,20 @@ func (m *Manager) agentProcs(id string, b isolate.Box) []api.ProcessInfo {
 	if ok && time.Since(c.at) < time.Second {
 		return c.procs
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	return m.fetchProcs(id, b, 200*time.Millisecond)
+}
+
+// fetchProcs asks a sandbox's agent for its process list, waiting at most
+// wait, and keeps it in procCache (nil, and none kept, if the agent does
+// not answer).
+func (m *Manager) fetchProcs(id string, b isolate.Box, wait time.Duration) []api.ProcessInfo {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	var procs []api.ProcessInfo
 	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err != nil {
+		m.mu.Lock()
+		delete(m.procCache, id)
+		m.mu.Unlock()
 		return nil
 	}
 	m.mu.Lock()

@@ -492,7 +492,7 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 		path := "/procs"
 		if p := r.PathValue("proc"); p != "" {
 			if !validProcID(p) {
-				writeError(w, api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", p))
+				writeError(w, noProcess(p))
 				return
 			}
 			path += "/" + p + suffix
@@ -547,13 +547,45 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 			body = r.Body
 		}
 		// Listing processes and reading logs leave a sleeping sandbox
-		// asleep; following logs, waiting, signals and stdin wake it.
+		// asleep (the list is the one it had when it went to sleep);
+		// following logs, waiting, signals and stdin wake it.
+		if method == "GET" && suffix == "" {
+			list, ok, err := s.m.SleepingProcesses(r.Context(), r.PathValue("id"))
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			if ok {
+				writeSleepingProcs(w, list, r.PathValue("proc"))
+				return
+			}
+		}
 		agentOf := s.m.Agent
 		if follow, _ := boolParam(r, "follow"); method == "GET" && (suffix == "" || (suffix == "/output" && !follow)) {
 			agentOf = s.m.ReadAgent
 		}
 		s.forwardTo(w, r, agentOf, method, path, q, body)
 	}
+}
+
+// writeSleepingProcs answers a process list, or the process proc of it,
+// from the list a sleeping sandbox had.
+func writeSleepingProcs(w http.ResponseWriter, list []api.ProcessInfo, proc string) {
+	if proc == "" {
+		writeJSON(w, 200, list)
+		return
+	}
+	for _, p := range list {
+		if p.ID == proc {
+			writeJSON(w, 200, p)
+			return
+		}
+	}
+	writeError(w, noProcess(proc))
+}
+
+func noProcess(p string) error {
+	return api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", p)
 }
 
 func (s *Server) images(w http.ResponseWriter, r *http.Request) {

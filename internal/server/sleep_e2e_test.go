@@ -79,9 +79,16 @@ func testSleepers(t *testing.T, e *env, req api.CreateRequest, resumed string) {
 		// conflict while it sleeps
 		conflicts string
 	}{
-		{api.StatePaused, e.c.Pause, "ps,ps PROC,logs,sessions"},
-		{api.StateHibernated, e.c.Hibernate, "stats,ps,ps PROC,logs,sessions"},
+		{api.StatePaused, e.c.Pause, "logs,sessions"},
+		{api.StateHibernated, e.c.Hibernate, "stats,logs,sessions"},
 	} {
+		// ps answers the list the sandbox had when it went to sleep, its
+		// running processes in the sandbox's state; a sandbox hibernated
+		// without its memory has none: ps is a conflict.
+		asleepPs := sleep.state == api.StatePaused || resumed == api.ResumedRestored
+		if !asleepPs {
+			sleep.conflicts += ",ps,ps PROC"
+		}
 		if s, err := sleep.do(ctx, sb.ID); err != nil || s.State != sleep.state {
 			t.Fatalf("%s: %+v %v", sleep.state, s, err)
 		}
@@ -97,6 +104,25 @@ func testSleepers(t *testing.T, e *env, req api.CreateRequest, resumed string) {
 			if now, err := e.c.Get(ctx, sb.ID); err != nil || now.State != sleep.state {
 				t.Fatalf("%s woke a %s sandbox: now %s (%v)", c.name, sleep.state, now.State, err)
 			}
+		}
+		if asleepPs {
+			list, err := e.c.Processes(ctx, sb.ID)
+			one, err1 := e.c.Process(ctx, sb.ID, p.ID)
+			if err != nil || err1 != nil || one.State != sleep.state || one.Name != "talker" {
+				t.Fatalf("ps of a %s sandbox: %v; %+v %v", sleep.state, err, one, err1)
+			}
+			found := false
+			for _, q := range list {
+				found = found || (q.ID == p.ID && q.State == sleep.state)
+				if q.State == api.ProcRunning {
+					t.Errorf("ps of a %s sandbox lists %s as running", sleep.state, q.ID)
+				}
+			}
+			if !found {
+				t.Fatalf("ps of a %s sandbox lacks %s: %d processes", sleep.state, p.ID, len(list))
+			}
+			_, err = e.c.Process(ctx, sb.ID, "p999")
+			wantKind(t, err, api.KindNotFound)
 		}
 		if got := metric(sleep.state); got != "1" {
 			t.Fatalf("%s sandboxes: %s", sleep.state, got)
