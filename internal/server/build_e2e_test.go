@@ -218,12 +218,20 @@ func TestDebianBase(t *testing.T) {
 // An image without /etc/passwd (FROM scratch, distroless) runs as root by
 // default, takes numeric users as they are, and refuses only an unknown
 // user name, naming it and the image.
-func TestImageWithoutPasswd(t *testing.T) {
+func TestImageWithoutPasswd(t *testing.T) { testImageWithoutPasswd(t, newEnv(t), "linux") }
+
+// The same in the gvisor tier, whose agent runs under runsc.
+func TestImageWithoutPasswdGvisor(t *testing.T) {
+	e := newTierEnv(t)
+	e.need(t, "gvisor")
+	testImageWithoutPasswd(t, e, "gvisor")
+}
+
+func testImageWithoutPasswd(t *testing.T, e *env, runtime string) {
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
 		t.Skip("needs a static /bin/busybox (Debian package busybox-static)")
 	}
-	e := newEnv(t)
 	ctx := context.Background()
 	img, berr, out := e.build(t, "t=bare", map[string]string{
 		"Dockerfile": "FROM scratch\nCOPY busybox /busybox\nRUN [\"/busybox\", \"true\"]\nRUN [\"/busybox\", \"mkdir\", \"/made-by-run\"]\n",
@@ -232,7 +240,7 @@ func TestImageWithoutPasswd(t *testing.T) {
 	if berr != nil || img == nil {
 		t.Fatalf("FROM scratch build: %v\n%s", berr, out)
 	}
-	sb := e.create(t, api.CreateRequest{Image: "bare"})
+	sb := e.create(t, api.CreateRequest{Image: "bare", Runtime: runtime})
 	run := func(user string, argv ...string) (*api.ExecResult, error) {
 		return e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: append([]string{"/busybox"}, argv...), User: user})
 	}
