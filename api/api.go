@@ -28,6 +28,9 @@ const (
 	StateFailed = "failed"
 )
 
+// States lists every state a sandbox can be in, in lifecycle order.
+var States = []string{StateCreating, StateRunning, StatePaused, StateHibernated, StateStopped, StateFailed, StateRemoving}
+
 // Sandbox is the record of one sandbox.
 type Sandbox struct {
 	ID      string `json:"id"`
@@ -163,7 +166,8 @@ type ExecRequest struct {
 	Timeout Duration `json:"timeout,omitempty"`
 	// Session runs the command in the named shell session of the sandbox
 	// (created on first use): the working directory, variables and shell
-	// functions one command leaves are there for the next. Commands of a
+	// functions one command leaves are there for the next. Shell runs in
+	// the session's shell as it is, Cmd with each argument quoted. Commands of a
 	// session run one at a time; a timeout ends the session.
 	Session string `json:"session,omitempty"`
 	// Restart and Name apply to background processes (POST .../processes):
@@ -355,7 +359,9 @@ type EscalateRequest struct {
 	Runtime string `json:"runtime"`
 }
 
-// Process states.
+// Process states. A process that was running when its sandbox was paused
+// or hibernated is listed, while the sandbox sleeps, in the sandbox's
+// state (StatePaused, StateHibernated).
 const (
 	ProcRunning = "running"
 	ProcExited  = "exited"

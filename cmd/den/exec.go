@@ -40,8 +40,9 @@ again when the sandbox starts; --name names it (shown by den ps).
 
 With --session NAME the command runs in the sandbox's long-lived shell of
 that name (created on first use), so cd, export and functions persist for
-the next command of the session. The arguments are joined with spaces into
-one shell line (one argument is used as is); see den sessions.`,
+the next command of the session. One argument is a shell line, run by the
+session's shell as it is; several are one command, each argument quoted, so
+den exec --session s web -- sh -c 'echo "a b"' prints a b. See den sessions.`,
 	example: `den exec web -- make test
 		echo 'print(1)' | den exec -i web -- python3 -
 		den exec -it web -- python3
@@ -88,7 +89,10 @@ func (o *execOpts) define(f *flagSet, withSandbox bool) {
 func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *execOpts, cmd []string, stdin []byte) error {
 	req := api.ExecRequest{Cmd: cmd, Env: o.env, Workdir: o.workdir, User: o.user, Stdin: stdin, Timeout: o.timeout}
 	if o.session != "" {
-		req.Cmd, req.Shell, req.Session = nil, shellLine(cmd), o.session
+		req.Session = o.session
+		if len(cmd) == 1 {
+			req.Cmd, req.Shell = nil, cmd[0]
+		}
 	}
 	if len(stdin) > api.MaxExecStdin && o.session == "" {
 		return c.runStreamingStdin(ctx, cl, id, o, req)
@@ -378,13 +382,4 @@ func (c *cli) ttyExit(err error) error {
 		return exitError(130)
 	}
 	return err
-}
-
-// shellLine makes the shell line of a session command: one argument as is,
-// several joined with spaces (like ssh does).
-func shellLine(cmd []string) string {
-	if len(cmd) == 1 {
-		return cmd[0]
-	}
-	return strings.Join(cmd, " ")
 }

@@ -42,7 +42,8 @@ import (
 //	timeout, oom    end with that reason
 //	nosuch          fail to start
 //
-// An exec with a session answers "SESSION$ SHELL" and opens the session.
+// An exec with a session answers "SESSION$ SHELL" (or, for a command,
+// "SESSION$ " and the arguments, %q-quoted) and opens the session.
 // Processes started with a terminal (tty) run "cat" or "/bin/sh" (echo what is typed,
 // answer a resize with "[RxC]", end at Ctrl-D), "sleep" (run until a
 // signal) or one of exec's commands; a signal ends them all.
@@ -620,7 +621,7 @@ func (f *fakeDaemon) exec(w http.ResponseWriter, r *http.Request) error {
 	var stdout, stderr *bytes.Buffer
 	var st api.ExitStatus
 	switch {
-	case req.Session != "" && req.Shell != "" && len(req.Cmd) == 0:
+	case req.Session != "":
 		f.mu.Lock()
 		found := false
 		for _, ss := range f.sessions[s.sb.ID] {
@@ -631,7 +632,11 @@ func (f *fakeDaemon) exec(w http.ResponseWriter, r *http.Request) error {
 				Started: time.Now().Add(-5 * time.Minute)})
 		}
 		f.mu.Unlock()
-		stdout, stderr = bytes.NewBufferString(req.Session+"$ "+req.Shell+"\n"), new(bytes.Buffer)
+		line := req.Shell
+		if line == "" {
+			line = fmt.Sprintf("%q", req.Cmd)
+		}
+		stdout, stderr = bytes.NewBufferString(req.Session+"$ "+line+"\n"), new(bytes.Buffer)
 		st = api.ExitStatus{Reason: api.ReasonExited}
 	case len(req.Cmd) == 0:
 		return api.FieldError("cmd", "empty")

@@ -16,7 +16,8 @@ overflowed, a line on stderr says how much was dropped), its stdout to
 stdout and its stderr to stderr. With -f den then follows new output until
 the process ends and exits with its exit code (128+N when killed by signal
 N, 124 on timeout, 137 when out of memory); Ctrl-C stops following and
-leaves the process running.`,
+leaves the process running. Without -f a paused or hibernated sandbox is
+left asleep (den logs then says so); with -f it is resumed.`,
 	example: `den logs web p1
 		den logs -f --tail 20 web p1
 		den logs --since 10m web p1`,

@@ -22,7 +22,7 @@ func TestMCPVerb(t *testing.T) {
 		InputSchema  map[string]any `json:"inputSchema"`
 		OutputSchema map[string]any `json:"outputSchema"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &tools); err != nil || len(tools) != 18 {
+	if err := json.Unmarshal([]byte(r.stdout), &tools); err != nil || len(tools) != 24 {
 		t.Fatalf("den mcp --list --json: %v, %d tools", err, len(tools))
 	}
 	for _, tool := range tools {

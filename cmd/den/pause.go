@@ -12,7 +12,11 @@ var verbPause = &verb{
 	name:     "pause",
 	summary:  "freeze every process of sandboxes (no CPU used; memory, files and connections kept)",
 	synopsis: "[flags] ID...",
-	example:  "den pause web\nden exec web -- true   # any use resumes it",
+	details: `Any use of a paused sandbox resumes it (exec, files, attach, traffic to
+its ports); read-only calls do not: den ls, inspect, stats, port ls, and ps
+(the processes as of the pause, in STATE paused). den logs without -f and
+den sessions then fail, saying to resume it.`,
+	example: "den pause web\nden stats web          # still paused\nden exec web -- true   # resumes it",
 	run: func(c *cli, v *verb, args []string) error {
 		return c.eachSandbox(v, args, func(cl *client.Client, id string) (*api.Sandbox, error) {
 			return cl.Pause(context.Background(), id)
@@ -41,7 +45,12 @@ var verbHibernate = &verb{
 	name:     "hibernate",
 	summary:  "free sandboxes' memory and keep their files; any use resumes them",
 	synopsis: "[flags] ID...",
-	example:  "den hibernate web",
+	details: `Any use of a hibernated sandbox resumes it (exec, files, attach, traffic to
+its ports); read-only calls do not: den ls, inspect, port ls, and, where its
+memory was saved (gvisor, microvm), ps (the processes as of the hibernation,
+in STATE hibernated). den stats, den logs without -f and den sessions then
+fail, saying to resume it.`,
+	example: "den hibernate web",
 	run: func(c *cli, v *verb, args []string) error {
 		return c.eachSandbox(v, args, func(cl *client.Client, id string) (*api.Sandbox, error) {
 			return cl.Hibernate(context.Background(), id)

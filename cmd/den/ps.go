@@ -21,7 +21,11 @@ NAME is the name given with den exec -d --name; RESTARTS, for a service
 (den exec -d --restart), how often it was started again, and its policy.
 DESCENDANTS are the pids of the live processes it started, also those that
 called setsid or outlived it (a daemon left by a finished exec): den kill
-ends them with it.`,
+ends them with it.
+
+A paused or hibernated sandbox is left asleep: den ps lists the processes
+it had when it went to sleep, those running then in STATE paused or
+hibernated (den resume ID, or any exec, wakes it).`,
 	example: `den ps web
 		den ps --json web`,
 	run: cmdPs,

@@ -16,7 +16,8 @@ var verbStats = &verb{
 	name:     "stats",
 	summary:  "show sandboxes' resource use and usage totals",
 	synopsis: "[flags] [ID...]",
-	details: `Prints one line a sandbox (all running sandboxes when no ID is given):
+	details: `Prints one line a sandbox (all running and paused sandboxes when no ID
+is given; stats leave a paused sandbox paused, and a hibernated one has none):
 CPU time and memory of the current run, processes, the bytes of its
 writable layer (DISK), network bytes received and sent, and its usage
 totals since it was created: CPU seconds (CPU-S), memory GiB-hours
@@ -104,7 +105,7 @@ func cmdStats(c *cli, v *verb, args []string) error {
 }
 
 // collectStats gets the stats of each sandbox of ids, or of all running
-// sandboxes when there are none. Errors for single sandboxes are reported
+// and paused sandboxes when there are none. Errors for single sandboxes are reported
 // (failed is set); an error for the whole call is returned.
 func (c *cli) collectStats(ctx context.Context, cl *client.Client, v *verb, ids []string) (list []*api.Stats, failed bool, err error) {
 	list = []*api.Stats{}
@@ -115,7 +116,7 @@ func (c *cli) collectStats(ctx context.Context, cl *client.Client, v *verb, ids 
 			return nil, false, err
 		}
 		for _, sb := range sbs {
-			if sb.State == api.StateRunning {
+			if sb.State == api.StateRunning || sb.State == api.StatePaused {
 				ids = append(ids, sb.ID)
 			}
 		}

@@ -214,9 +214,10 @@ func TestSessions(t *testing.T) {
 	if got := f.execs[0]; !reflect.DeepEqual(got, want) {
 		t.Errorf("exec --session sent %+v, want %+v", got, want)
 	}
-	// Several arguments are joined into one line; exec flags still apply.
-	r = den(t, f, "", "exec", "--session", "s2", "-e", "A=1", "box", "echo", "$X", "|", "wc", "-c")
-	if got := f.execs[1]; r.code != 0 || got.Shell != "echo $X | wc -c" || got.Session != "s2" || got.Cmd != nil || !reflect.DeepEqual(got.Env, []string{"A=1"}) {
+	// Several arguments are one command, each argument its own (the
+	// daemon quotes them); exec flags still apply.
+	r = den(t, f, "", "exec", "--session", "s2", "-e", "A=1", "box", "sh", "-c", `echo "a b"`)
+	if got := f.execs[1]; r.code != 0 || got.Shell != "" || got.Session != "s2" || !reflect.DeepEqual(got.Cmd, []string{"sh", "-c", `echo "a b"`}) || !reflect.DeepEqual(got.Env, []string{"A=1"}) {
 		t.Errorf("exec --session with arguments: %+v, sent %+v", r, got)
 	}
 	r = den(t, f, "", "exec", "--json", "--session", "s1", "box", "--", "pwd")

@@ -27,6 +27,10 @@ type ExecSpec struct {
 	// Session names a shell whose state (cwd, variables, functions)
 	// persists from one exec to the next.
 	Session string `json:"session,omitempty"`
+	// Shell is a session command given as a shell line (the request's
+	// shell), run by the session's shell as it is; without it the
+	// session runs Argv, each argument quoted.
+	Shell string `json:"shell,omitempty"`
 	// Restart makes a background process a service: "always" or
 	// "on-failure" start it again (with backoff) when it ends.
 	Restart string `json:"restart,omitempty"`
@@ -36,6 +40,8 @@ type ExecSpec struct {
 	TTY  bool   `json:"tty,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
+	// Image names the sandbox's image, for error messages only.
+	Image string `json:"image,omitempty"`
 }
 
 type resolved struct {
@@ -65,7 +71,7 @@ func (a *Agent) resolve(s *ExecSpec) (*resolved, error) {
 	if len(s.Argv) == 0 || s.Argv[0] == "" {
 		return nil, api.FieldError("cmd", "empty command")
 	}
-	u, err := lookupUser(s.User)
+	u, err := lookupUser(s.User, s.Image)
 	if err != nil {
 		return nil, err
 	}
@@ -189,8 +195,11 @@ type user struct {
 }
 
 // lookupUser resolves "", "name", "uid", "name:group" or "uid:gid" with the
-// sandbox's own /etc/passwd and /etc/group.
-func lookupUser(spec string) (*user, error) {
+// sandbox's own /etc/passwd and /etc/group. As in Docker, none of it needs
+// those files: the default user (and "root") is uid 0, and numeric ids
+// stand for themselves. Only a user or group name that is not there is an
+// error; image names the sandbox's image in it.
+func lookupUser(spec, image string) (*user, error) {
 	if spec == "" {
 		spec = "root"
 	}
@@ -215,10 +224,14 @@ func lookupUser(spec string) (*user, error) {
 		return true
 	})
 	if !found {
-		if numErr != nil {
-			return nil, api.FieldError("user", "unknown user %q (not in the sandbox's /etc/passwd)", uspec)
+		switch {
+		case uspec == "root":
+			u.home = "/root"
+		case numErr != nil:
+			return nil, api.FieldError("user", "unknown user %q: not in /etc/passwd%s; use a numeric uid[:gid] or add the user to the image", uspec, inImage(image, "/etc/passwd"))
+		default:
+			u.uid, u.gid = uint32(num), uint32(num)
 		}
-		u.uid, u.gid = uint32(num), uint32(num)
 	}
 	if hasGroup {
 		g, err := strconv.ParseUint(gspec, 10, 32)
@@ -234,7 +247,7 @@ func lookupUser(spec string) (*user, error) {
 				return true
 			})
 			if !ok {
-				return nil, api.FieldError("user", "unknown group %q", gspec)
+				return nil, api.FieldError("user", "unknown group %q: not in /etc/group%s; use a numeric gid", gspec, inImage(image, "/etc/group"))
 			}
 		}
 		u.gid = uint32(g)
@@ -258,6 +271,19 @@ func lookupUser(spec string) (*user, error) {
 		})
 	}
 	return u, nil
+}
+
+// inImage says where a lookup file was searched: " of image NAME", and that
+// the image has no such file when that is so.
+func inImage(image, file string) string {
+	where := " of the sandbox"
+	if image != "" {
+		where = fmt.Sprintf(" of image %q", image)
+	}
+	if _, err := os.Stat(file); errors.Is(err, fs.ErrNotExist) {
+		where += " (it has no " + file + ")"
+	}
+	return where
 }
 
 func forEachLine(file string, fn func([]string) bool) {

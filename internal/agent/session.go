@@ -66,7 +66,7 @@ func (a *Agent) session(spec *ExecSpec) (*session, error) {
 	if st, err := os.Stat("/bin/bash"); err == nil && !st.IsDir() {
 		shell = []string{"/bin/bash", "--noprofile", "--norc"}
 	}
-	res, err := a.resolve(&ExecSpec{Argv: shell, Env: spec.Env, Dir: spec.Dir, User: spec.User})
+	res, err := a.resolve(&ExecSpec{Argv: shell, Env: spec.Env, Dir: spec.Dir, User: spec.User, Image: spec.Image})
 	if err != nil {
 		return nil, err
 	}
@@ -100,8 +100,8 @@ func (a *Agent) execInSession(ctx context.Context, spec *ExecSpec, send func(byt
 		k, v, _ := strings.Cut(kv, "=")
 		fmt.Fprintf(&script, "export %s=%s\n", k, shellQuote(v))
 	}
-	cmd := spec.Argv[len(spec.Argv)-1] // the daemon sends ["/bin/sh","-c",CMD]
-	if len(spec.Argv) != 3 || spec.Argv[1] != "-c" {
+	cmd := spec.Shell
+	if cmd == "" {
 		quoted := make([]string, len(spec.Argv))
 		for i, a := range spec.Argv {
 			quoted[i] = shellQuote(a)

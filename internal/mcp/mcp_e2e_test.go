@@ -280,8 +280,8 @@ func (s *session) fail(t *testing.T, name string, args map[string]any, want ...s
 	return msg
 }
 
-var allTools = []string{"edit_file", "exec", "fork", "glob", "grep", "list_files", "net_policy", "port_url",
-	"process_kill", "process_list", "process_logs", "process_write_stdin", "read_file", "sandbox_create",
+var allTools = []string{"commit", "diff", "edit_file", "exec", "fork", "glob", "grep", "hibernate", "list_files", "net_policy", "pause", "port_url",
+	"process_kill", "process_list", "process_logs", "process_write_stdin", "read_file", "restore", "resume", "sandbox_create",
 	"sandbox_list", "sandbox_remove", "snapshot", "write_file"}
 
 type execResult struct {

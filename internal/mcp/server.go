@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/den-dev/den/api"
@@ -139,7 +140,38 @@ func addTool[In, Out any](s *server, srv *sdk.Server, t *sdk.Tool, h sdk.ToolHan
 	if err != nil {
 		panic("mcp: tool " + t.Name + ": " + err.Error())
 	}
+	nonNull(in)
 	t.InputSchema, t.OutputSchema = in, out
 	sdk.AddTool(srv, t, h)
 	s.tools = append(s.tools, t)
+}
+
+// nonNull types every argument as what it is: the schema inference makes
+// slices, maps and pointers ["null", "array"] and the like, and clients
+// that convert arguments by the schema's type (the MCP inspector's CLI)
+// cannot pass those. A left-out argument is still left out.
+func nonNull(s *jsonschema.Schema) {
+	if s == nil {
+		return
+	}
+	if len(s.Types) == 2 && slices.Contains(s.Types, "null") {
+		s.Type = s.Types[0]
+		if s.Type == "null" {
+			s.Type = s.Types[1]
+		}
+		s.Types = nil
+	}
+	for _, m := range []map[string]*jsonschema.Schema{s.Properties, s.PatternProperties, s.Defs, s.Definitions} {
+		for _, c := range m {
+			nonNull(c)
+		}
+	}
+	for _, l := range [][]*jsonschema.Schema{s.PrefixItems, s.AllOf, s.AnyOf, s.OneOf} {
+		for _, c := range l {
+			nonNull(c)
+		}
+	}
+	nonNull(s.Items)
+	nonNull(s.AdditionalProperties)
+	nonNull(s.Not)
 }

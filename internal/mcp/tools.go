@@ -84,7 +84,7 @@ func (s *server) addTools(srv *sdk.Server) {
 	addTool(s, srv, &sdk.Tool{Name: "sandbox_remove", Annotations: changes("Remove a sandbox", true, true),
 		Description: "Stop and remove a sandbox with its files and processes. Its snapshots are kept."}, s.sandboxRemove)
 	addTool(s, srv, &sdk.Tool{Name: "exec", Annotations: changes("Run a command", true, false),
-		Description: "Run a command in a sandbox and return its exit code and output (each stream bounded: the start and the end are kept). Give cmd (argv) or shell (a script for sh -c). session keeps cwd, variables and functions between calls of the same session name. background starts a process that outlives the call and returns its id for process_logs, process_kill and process_write_stdin. While a command runs, its output is sent as progress notifications when the client asked for progress."}, s.exec)
+		Description: "Run a command in a sandbox and return its exit code and output (each stream bounded: the start and the end are kept). Give cmd (argv) or shell (a script for sh -c). session keeps cwd, variables and functions between calls of the same session name. background starts a process that outlives the call and returns it as process (its id, like p3, is for process_logs, process_kill and process_write_stdin). While a command runs, its output is sent as progress notifications when the client asked for progress."}, s.exec)
 	addTool(s, srv, &sdk.Tool{Name: "process_list", Annotations: readOnly("List processes"),
 		Description: "List a sandbox's background processes, running and recently finished."}, s.processList)
 	addTool(s, srv, &sdk.Tool{Name: "process_logs", Annotations: readOnly("Read process output"),
@@ -100,6 +100,7 @@ func (s *server) addTools(srv *sdk.Server) {
 		Description: "Capture a sandbox's files (processes frozen for the instant). A snapshot can later create new sandboxes or roll this one back."}, s.snapshot)
 	addTool(s, srv, &sdk.Tool{Name: "fork", Annotations: changes("Fork a sandbox", false, false),
 		Description: "Make count (default 1) new running sandboxes from a sandbox's current files, to try alternatives in parallel."}, s.fork)
+	s.addLifecycleTools(srv)
 	addTool(s, srv, &sdk.Tool{Name: "net_policy", Annotations: changes("Show or set the network policy", false, true),
 		Description: "Show a sandbox's egress policy, or set it when mode is given: none (loopback only), allow (only the allow domains, exact or *.suffix, and allow_cidr ranges) or open (any public address); deny domains win in every mode. The change is in force at once."}, s.netPolicy)
 }
@@ -118,8 +119,12 @@ type createIn struct {
 	Disk        string            `json:"disk,omitempty" jsonschema:"disk quota of its writable layer, like 10g"`
 	TTL         string            `json:"ttl,omitempty" jsonschema:"remove it after this long, like 2h"`
 	IdleTimeout string            `json:"idle_timeout,omitempty" jsonschema:"stop it after this long without use, like 30m"`
+	Pids        int               `json:"pids,omitempty" jsonschema:"most processes (and threads) it may have at once"`
 	Network     string            `json:"network,omitempty" jsonschema:"egress mode: none (default), allow or open"`
 	Allow       []string          `json:"allow,omitempty" jsonschema:"with network allow: the domains it may reach (exact or *.suffix)"`
+	AllowCIDR   []string          `json:"allow_cidr,omitempty" jsonschema:"with network allow: address ranges it may reach, like 10.0.0.0/8"`
+	Deny        []string          `json:"deny,omitempty" jsonschema:"domains refused in every network mode"`
+	Git         *api.GitSource    `json:"git,omitempty" jsonschema:"clone a repository into /workspace on a branch of its own (url, and branch to start from); diff shows the changes"`
 }
 
 type sandboxOut struct {
@@ -136,7 +141,7 @@ func (s *server) sandboxCreate(ctx context.Context, req *sdk.CallToolRequest, in
 		return nil, sandboxOut{}, err
 	}
 	cr := api.CreateRequest{Name: in.Name, Image: in.Image, Runtime: in.Runtime, Labels: in.Labels, Env: in.Env, Workdir: in.Workdir}
-	cr.Limits.CPUs = in.CPUs
+	cr.Limits.CPUs, cr.Limits.Pids, cr.Git = in.CPUs, in.Pids, in.Git
 	for _, f := range []struct {
 		name, v string
 		dst     *api.Size
@@ -161,8 +166,8 @@ func (s *server) sandboxCreate(ctx context.Context, req *sdk.CallToolRequest, in
 		}
 		*f.dst = d
 	}
-	if in.Network != "" || len(in.Allow) > 0 {
-		cr.Network = &api.NetworkPolicy{Mode: in.Network, Allow: in.Allow}
+	if in.Network != "" || len(in.Allow)+len(in.AllowCIDR)+len(in.Deny) > 0 {
+		cr.Network = &api.NetworkPolicy{Mode: in.Network, Allow: in.Allow, AllowCIDR: in.AllowCIDR, Deny: in.Deny}
 	}
 	sb, err := c.Create(ctx, cr)
 	if err != nil {

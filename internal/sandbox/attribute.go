@@ -117,10 +117,21 @@ func (m *Manager) agentProcs(id string, b isolate.Box, fresh bool) (procs []api.
 	if ok && !fresh && time.Since(c.at) < time.Second {
 		return c.procs, true
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	return m.fetchProcs(id, b, 200*time.Millisecond), false
+}
+
+// fetchProcs asks a sandbox's agent for its process list, waiting at most
+// wait, and keeps it in procCache (nil, and none kept, if the agent does
+// not answer).
+func (m *Manager) fetchProcs(id string, b isolate.Box, wait time.Duration) []api.ProcessInfo {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
+	var procs []api.ProcessInfo
 	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err != nil {
-		return nil, false
+		m.mu.Lock()
+		delete(m.procCache, id)
+		m.mu.Unlock()
+		return nil
 	}
 	m.mu.Lock()
 	if m.procCache == nil {
@@ -128,7 +139,7 @@ func (m *Manager) agentProcs(id string, b isolate.Box, fresh bool) (procs []api.
 	}
 	m.procCache[id] = procCache{time.Now(), procs}
 	m.mu.Unlock()
-	return procs, false
+	return procs
 }
 
 // socketInode finds the inode of the socket of network ("tcp" or "udp")

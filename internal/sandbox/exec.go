@@ -212,6 +212,10 @@ func (m *Manager) execSpec(ctx context.Context, sb *api.Sandbox, req *api.ExecRe
 		Argv: argv, Env: append(append(m.proxyEnv(sb.Network), env...), req.Env...), Dir: dir, User: user,
 		Stdin: req.Stdin, Timeout: req.Timeout.D(), Session: req.Session,
 		Restart: req.Restart, Name: req.Name, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols,
+		Image: sb.Image,
+	}
+	if req.Session != "" {
+		spec.Shell = req.Shell
 	}
 	return spec, argv, user
 }

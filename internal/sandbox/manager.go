@@ -1003,11 +1003,41 @@ func (m *Manager) expireLoop() {
 // if it is paused or hibernated. Every use of a sandbox's agent counts as
 // activity for its idle timeout.
 func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *api.Sandbox, error) {
+	return m.agent(ctx, id, true)
+}
+
+// ReadAgent is Agent for read-only calls (process list, logs, sessions):
+// a paused or hibernated sandbox is left asleep, and the call is a
+// conflict saying how to wake it.
+func (m *Manager) ReadAgent(ctx context.Context, id string) (*agent.Client, *api.Sandbox, error) {
+	return m.agent(ctx, id, false)
+}
+
+// asleep is the error of a read-only call that needs the processes of a
+// paused or hibernated sandbox.
+func asleep(rec *record) error {
+	why := "its processes are frozen"
+	if rec.State == api.StateHibernated {
+		why = "its processes are saved to disk"
+	}
+	return api.Errorf(api.KindConflict, "sandbox %s is %s (%s) and read-only calls leave it so: den resume %s (or any exec) wakes it", rec.ID[:12], rec.State, why, rec.ID[:12])
+}
+
+// notRunning is the error of a call that needs a sandbox's processes when
+// it has none.
+func notRunning(sb *api.Sandbox) error {
+	return api.Errorf(api.KindConflict, "sandbox %s is %s: start it with `den start %s`", sb.ID[:12], sb.State, sb.ID[:12])
+}
+
+func (m *Manager) agent(ctx context.Context, id string, wake bool) (*agent.Client, *api.Sandbox, error) {
 	rec, err := m.get(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}
 	if rec.State == api.StatePaused || rec.State == api.StateHibernated {
+		if !wake {
+			return nil, nil, asleep(rec)
+		}
 		locked, unlock, err := m.lockRecord(ctx, rec.ID)
 		if err != nil {
 			return nil, nil, err
@@ -1026,7 +1056,7 @@ func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *api.San
 	}
 	m.mu.Unlock()
 	if b == nil {
-		return nil, nil, api.Errorf(api.KindConflict, "sandbox %s is %s: start it with `den start %s`", rec.ID[:12], rec.State, rec.ID[:12])
+		return nil, nil, notRunning(&rec.Sandbox)
 	}
 	return b.Agent(), &rec.Sandbox, nil
 }

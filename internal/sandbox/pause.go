@@ -38,6 +38,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
 		return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot pause sandboxes", rec.Runtime)
 	}
 	start := time.Now()
+	m.fetchProcs(rec.ID, m.box(rec.ID), 2*time.Second) // what ps shows while it sleeps
 	if err := p.Pause(ctx); err != nil {
 		return nil, fmt.Errorf("pause sandbox: %w", err)
 	}
@@ -70,6 +71,9 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (*api.Sandbox, error
 		return nil, api.Errorf(api.KindConflict, "sandbox %s is %s: only a running or paused sandbox can hibernate", rec.ID[:12], rec.State)
 	}
 	start := time.Now()
+	if b := m.box(rec.ID); b != nil && rec.State == api.StateRunning {
+		m.fetchProcs(rec.ID, b, 2*time.Second) // what ps shows while it sleeps
+	}
 	saved, why := m.checkpoint(ctx, rec)
 	if err := m.haltLocked(ctx, rec, api.StateHibernated); err != nil {
 		return nil, err
@@ -174,4 +178,34 @@ func (m *Manager) resumeLocked(ctx context.Context, rec *record) error {
 
 func msSince(t time.Time) float64 {
 	return float64(time.Since(t).Microseconds()) / 1000
+}
+
+// SleepingProcesses is the process list of a paused sandbox, or of one
+// hibernated with its memory, as its agent gave it when the sandbox went
+// to sleep; the processes that were running are in the sandbox's state
+// (paused or hibernated). ok is false when the sandbox is awake, its
+// processes ended (hibernated without memory), or the list is not known
+// (the daemon restarted since).
+func (m *Manager) SleepingProcesses(ctx context.Context, id string) (list []api.ProcessInfo, ok bool, err error) {
+	rec, err := m.get(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	if rec.State != api.StatePaused && !(rec.State == api.StateHibernated && rec.Checkpoint) {
+		return nil, false, nil
+	}
+	m.mu.Lock()
+	c, ok := m.procCache[rec.ID]
+	m.mu.Unlock()
+	if !ok || c.procs == nil {
+		return nil, false, nil
+	}
+	list = make([]api.ProcessInfo, len(c.procs))
+	for i, p := range c.procs {
+		if p.State == api.ProcRunning {
+			p.State = rec.State
+		}
+		list[i] = p
+	}
+	return list, true, nil
 }

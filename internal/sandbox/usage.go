@@ -122,15 +122,24 @@ func (m *Manager) startMeter(rec *record) {
 	}
 }
 
-// Stats reports a running sandbox's live use, limits and totals.
+// Stats reports a running or paused sandbox's live use, limits and
+// totals; it wakes no sandbox (a paused one's frozen processes still hold
+// their memory, which is what it reports).
 func (m *Manager) Stats(ctx context.Context, id string) (*api.Stats, error) {
-	_, sb, err := m.Agent(ctx, id)
+	rec, err := m.get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	if rec.State == api.StateHibernated {
+		return nil, asleep(rec)
+	}
+	sb := &rec.Sandbox
 	b := m.box(sb.ID)
+	if b == nil {
+		return nil, notRunning(sb)
+	}
 	st, ok := b.(isolate.Statser)
-	if b == nil || !ok {
+	if !ok {
 		return nil, api.Errorf(api.KindUnsupported, "the %s runtime does not report usage", sb.Runtime)
 	}
 	s, err := st.Stats()
@@ -172,7 +181,7 @@ func (m *Manager) Metrics(ctx context.Context, w *strings.Builder) {
 		}
 	}
 	fmt.Fprintf(w, "# HELP den_sandboxes Sandboxes by state.\n# TYPE den_sandboxes gauge\n")
-	for _, st := range []string{api.StateRunning, api.StateStopped, api.StateCreating} {
+	for _, st := range api.States {
 		fmt.Fprintf(w, "den_sandboxes{state=%q} %d\n", st, states[st])
 	}
 	m.mu.Lock()

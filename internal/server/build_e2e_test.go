@@ -23,7 +23,7 @@ func tarOf(t *testing.T, files map[string]string) *bytes.Buffer {
 	tw := tar.NewWriter(&buf)
 	for name, body := range files {
 		mode := int64(0o644)
-		if strings.HasSuffix(name, ".sh") {
+		if strings.HasSuffix(name, ".sh") || strings.HasPrefix(body, "\x7fELF") {
 			mode = 0o755
 		}
 		tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(body)), ModTime: time.Unix(1700000000, 0)})
@@ -213,4 +213,53 @@ func TestDebianBase(t *testing.T) {
 		t.Fatalf("debian sandbox: %q %q", r.Stdout, r.Stderr)
 	}
 	t.Logf("debian image: %d bytes, %s packages", img.Size, strings.TrimSpace(strings.Split(string(r.Stdout), "\n")[1]))
+}
+
+// An image without /etc/passwd (FROM scratch, distroless) runs as root by
+// default, takes numeric users as they are, and refuses only an unknown
+// user name, naming it and the image.
+func TestImageWithoutPasswd(t *testing.T) { testImageWithoutPasswd(t, newEnv(t), "linux") }
+
+// The same in the gvisor tier, whose agent runs under runsc.
+func TestImageWithoutPasswdGvisor(t *testing.T) {
+	e := newTierEnv(t)
+	e.need(t, "gvisor")
+	testImageWithoutPasswd(t, e, "gvisor")
+}
+
+func testImageWithoutPasswd(t *testing.T, e *env, runtime string) {
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("needs a static /bin/busybox (Debian package busybox-static)")
+	}
+	ctx := context.Background()
+	img, berr, out := e.build(t, "t=bare", map[string]string{
+		"Dockerfile": "FROM scratch\nCOPY busybox /busybox\nRUN [\"/busybox\", \"true\"]\nRUN [\"/busybox\", \"mkdir\", \"/made-by-run\"]\n",
+		"busybox":    string(bb),
+	})
+	if berr != nil || img == nil {
+		t.Fatalf("FROM scratch build: %v\n%s", berr, out)
+	}
+	sb := e.create(t, api.CreateRequest{Image: "bare", Runtime: runtime})
+	run := func(user string, argv ...string) (*api.ExecResult, error) {
+		return e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: append([]string{"/busybox"}, argv...), User: user})
+	}
+	if r, err := run("", "ls", "/etc/passwd"); err != nil || r.ExitCode == 0 {
+		t.Fatalf("the image has an /etc/passwd: %+v %v", r, err)
+	}
+	for user, want := range map[string]string{"": "0 0\n", "root": "0 0\n", "1234": "1234 1234\n", "1234:5678": "1234 5678\n"} {
+		r, err := run(user, "sh", "-c", "echo $(/busybox id -u) $(/busybox id -g); /busybox ls -d /made-by-run >/dev/null")
+		if err != nil || r.ExitCode != 0 || string(r.Stdout) != want {
+			t.Fatalf("user %q: %+v %v, want %q", user, r, err, want)
+		}
+	}
+	_, err = run("nosuchuser", "true")
+	ae := wantKind(t, err, api.KindInvalid)
+	if ae.Field != "user" || !strings.Contains(ae.Message, `"nosuchuser"`) || !strings.Contains(ae.Message, `image "bare"`) || !strings.Contains(ae.Message, "no /etc/passwd") {
+		t.Fatalf("unknown user error: %+v", ae)
+	}
+	_, err = run("1234:nosuchgroup", "true")
+	if ae := wantKind(t, err, api.KindInvalid); !strings.Contains(ae.Message, `"nosuchgroup"`) || !strings.Contains(ae.Message, `image "bare"`) {
+		t.Fatalf("unknown group error: %+v", ae)
+	}
 }

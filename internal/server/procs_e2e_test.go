@@ -226,6 +226,24 @@ func TestSessions(t *testing.T) {
 	if r := run("s2", "pwd; echo ${X:-unset}"); string(r.Stdout) != "/root\nunset\n" && string(r.Stdout) != "/\nunset\n" {
 		t.Fatalf("sessions share state: %q", r.Stdout)
 	}
+	// A command (cmd, not shell) runs in the session with each argument
+	// as it is, whatever it looks like.
+	for _, tc := range []struct {
+		cmd  []string
+		want string
+	}{
+		{[]string{"sh", "-c", `echo "a b"`}, "a b\n"},
+		{[]string{"echo", "-c", "a  b"}, "-c a  b\n"},
+		{[]string{"echo", "$X", "'q'", ";", "x"}, "$X 'q' ; x\n"},
+	} {
+		r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: tc.cmd, Session: "s1", Timeout: api.Duration(10 * time.Second)})
+		if err != nil || string(r.Stdout) != tc.want || r.ExitCode != 0 {
+			t.Fatalf("session command %q: %+v %v, want %q", tc.cmd, r, err, tc.want)
+		}
+	}
+	if r := run("s1", "pwd"); string(r.Stdout) != "/src\n" {
+		t.Fatalf("a session command lost the session's state: %q", r.Stdout)
+	}
 	// A command reading stdin gets EOF, not the session's script.
 	if r := run("s1", "cat; echo after"); string(r.Stdout) != "after\n" {
 		t.Fatalf("stdin: %q", r.Stdout)

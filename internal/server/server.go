@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/store"
 )
@@ -383,7 +384,13 @@ func (s *Server) proxyJSON(path string, newReq func() any) http.HandlerFunc {
 }
 
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, method, path string, q url.Values, body io.Reader) {
-	ag, _, err := s.m.Agent(r.Context(), r.PathValue("id"))
+	s.forwardTo(w, r, s.m.Agent, method, path, q, body)
+}
+
+// forwardTo is forward with the agent looked up by agentOf: Agent wakes a
+// sleeping sandbox, ReadAgent (for read-only calls) leaves it asleep.
+func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, agentOf func(context.Context, string) (*agent.Client, *api.Sandbox, error), method, path string, q url.Values, body io.Reader) {
+	ag, _, err := agentOf(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -457,7 +464,7 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 		path := "/procs"
 		if p := r.PathValue("proc"); p != "" {
 			if !validProcID(p) {
-				writeError(w, api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", p))
+				writeError(w, noProcess(p))
 				return
 			}
 			path += "/" + p + suffix
@@ -511,8 +518,46 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 			}
 			body = r.Body
 		}
-		s.forward(w, r, method, path, q, body)
+		// Listing processes and reading logs leave a sleeping sandbox
+		// asleep (the list is the one it had when it went to sleep);
+		// following logs, waiting, signals and stdin wake it.
+		if method == "GET" && suffix == "" {
+			list, ok, err := s.m.SleepingProcesses(r.Context(), r.PathValue("id"))
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			if ok {
+				writeSleepingProcs(w, list, r.PathValue("proc"))
+				return
+			}
+		}
+		agentOf := s.m.Agent
+		if follow, _ := boolParam(r, "follow"); method == "GET" && (suffix == "" || (suffix == "/output" && !follow)) {
+			agentOf = s.m.ReadAgent
+		}
+		s.forwardTo(w, r, agentOf, method, path, q, body)
 	}
+}
+
+// writeSleepingProcs answers a process list, or the process proc of it,
+// from the list a sleeping sandbox had.
+func writeSleepingProcs(w http.ResponseWriter, list []api.ProcessInfo, proc string) {
+	if proc == "" {
+		writeJSON(w, 200, list)
+		return
+	}
+	for _, p := range list {
+		if p.ID == proc {
+			writeJSON(w, 200, p)
+			return
+		}
+	}
+	writeError(w, noProcess(proc))
+}
+
+func noProcess(p string) error {
+	return api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", p)
 }
 
 func (s *Server) images(w http.ResponseWriter, r *http.Request) {
@@ -650,7 +695,11 @@ func (s *Server) sessionProxy(method string) http.HandlerFunc {
 		if n := r.PathValue("name"); n != "" {
 			path += "/" + url.PathEscape(n)
 		}
-		s.forward(w, r, method, path, nil, nil)
+		agentOf := s.m.Agent
+		if method == "GET" {
+			agentOf = s.m.ReadAgent
+		}
+		s.forwardTo(w, r, agentOf, method, path, nil, nil)
 	}
 }
 
