@@ -84,7 +84,7 @@ func FuzzFrameReader(f *testing.F) {
 	WriteJSONFrame(&good, FrameDropped, DroppedOutput{Bytes: 10})
 	WriteJSONFrame(&good, FrameExit, ExitStatus{ExitCode: 3})
 	f.Add(good.Bytes())
-	f.Add([]byte{FrameStdout, 0, 0, 0, 5, 'a'})                  // truncated payload
+	f.Add([]byte{FrameStdout, 0, 0, 0, 5, 'a'})                   // truncated payload
 	f.Add([]byte{FrameStdout, 0, 0x10, 0, 1})                     // over the limit
 	f.Add([]byte{0, 0, 0, 0, 0})                                  // unknown type
 	f.Add([]byte{FrameError, 0, 0, 0, 2, '{', '}', FrameExit, 0}) // truncated header
