@@ -206,7 +206,8 @@ func FuzzDNSQuery(f *testing.F) {
 // FuzzInterceptReframe feeds raw HTTP requests, as a sandbox sends them on
 // an intercepted TLS connection, through what the proxy does to each
 // (hop-by-hop headers stripped, the secret header set, re-framed with
-// writeRequest) and parses what the upstream would read: exactly one
+// writeRequest) and parses what the upstream would read: a request target
+// in origin form (a path, or "*"), exactly one
 // request, with the same method, target, host and body, the secret header
 // exactly once with its value, and nothing after it (no smuggled second
 // request, whatever Content-Length, Transfer-Encoding or Connection headers
@@ -244,6 +245,9 @@ func FuzzInterceptReframe(f *testing.F) {
 		uri := req.RequestURI
 		if !strings.HasPrefix(uri, "/") && uri != "*" {
 			uri = req.URL.RequestURI()
+		}
+		if !strings.HasPrefix(uri, "/") && uri != "*" {
+			t.Fatalf("request target %q would go upstream, not a path (origin form)", uri)
 		}
 		host := "api.example.com"
 		var body bytes.Buffer

@@ -709,6 +709,9 @@ func checkIntercepted(req *http.Request) (int, string) {
 		return http.StatusNotImplemented, "protocol upgrades are not proxied on a connection with secret headers"
 	case req.URL.Scheme != "" && !strings.EqualFold(req.URL.Scheme, "https"):
 		return http.StatusBadRequest, "scheme " + quoteShort(req.URL.Scheme) + " on a TLS connection"
+	case req.URL.Opaque != "":
+		// "https:x" would go upstream as the request target "x".
+		return http.StatusBadRequest, "request target " + quoteShort(req.RequestURI) + " is neither a path nor an https:// URL"
 	}
 	return 0, ""
 }
