@@ -3,6 +3,11 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,6 +17,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/image"
@@ -141,6 +148,51 @@ func FuzzRequestBody(f *testing.F) {
 		// (An empty body is no body: kill takes that as the default signal.)
 		if err != nil && len(body) > 0 && w.Code != api.HTTPStatus(api.KindOf(err)) {
 			t.Fatalf("%s %s %q: decode refused it (%v) but the handler answered %d", rt.method, rt.path, body, err, w.Code)
+		}
+	})
+}
+
+// FuzzParseSSHKey checks the validation of a key added with POST
+// /v1/ssh-keys: a refusal is an invalid-request error naming public_key
+// or name; an accepted key is a plain (no certificate, no DSA) key whose
+// stored form parses back to the same key, type and fingerprint, with a
+// name that is valid.
+func FuzzParseSSHKey(f *testing.F) {
+	edPub, _, _ := ed25519.GenerateKey(nil)
+	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	rsaKey, _ := rsa.GenerateKey(rand.Reader, 1024)
+	for _, k := range []any{edPub, &ecKey.PublicKey, &rsaKey.PublicKey} {
+		pk, err := ssh.NewPublicKey(k)
+		if err != nil {
+			f.Fatal(err)
+		}
+		line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pk)))
+		for _, s := range []string{line, line + " me@host", `command="x" ` + line, line + "\n" + line, "  " + line + " a b c  ", line + " " + strings.Repeat("n", 70)} {
+			f.Add(s, "")
+			f.Add(s, "my-key")
+		}
+		f.Add(line, "bad name")
+	}
+	f.Add("-----BEGIN OPENSSH PRIVATE KEY-----", "")
+	f.Add("ssh-dss AAAAB3NzaC1kc3MAAACBAP", "")
+	f.Fuzz(func(t *testing.T, line, name string) {
+		k, err := parseSSHKey(api.SSHKeyRequest{PublicKey: line, Name: name})
+		if err != nil {
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Kind != api.KindInvalid || (ae.Field != "public_key" && ae.Field != "name") {
+				t.Fatalf("%q: %#v is not an invalid-request error naming public_key or name", line, err)
+			}
+			return
+		}
+		if k.Type == ssh.KeyAlgoDSA || strings.Contains(k.Type, "cert") {
+			t.Fatalf("%q accepted as a %s", line, k.Type)
+		}
+		if k.Name != "" && !validKeyName(k.Name) {
+			t.Fatalf("%q accepted with the name %q", line, k.Name)
+		}
+		again, err := parseSSHKey(api.SSHKeyRequest{PublicKey: k.PublicKey})
+		if err != nil || again.PublicKey != k.PublicKey || again.Type != k.Type || again.Fingerprint != k.Fingerprint {
+			t.Fatalf("%q stored as %q, which parses to %+v, %v", line, k.PublicKey, again, err)
 		}
 	})
 }
