@@ -389,5 +389,10 @@ func sandboxPath(id, suffix string) (string, error) {
 	if id == "" {
 		return "", &api.Error{Kind: api.KindInvalid, Message: "no sandbox id given"}
 	}
+	if id == "." || id == ".." {
+		// Escaping leaves them as they are, and the server's router
+		// would take them as a path step: /v1/sandboxes/.. is /v1.
+		return "", &api.Error{Kind: api.KindInvalid, Message: fmt.Sprintf("%q is not a sandbox id or name", id)}
+	}
 	return "/v1/sandboxes/" + url.PathEscape(id) + suffix, nil
 }
