@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -154,4 +155,53 @@ func viaJSON(s string) string {
 	b, _ := json.Marshal(s)
 	json.Unmarshal(b, &s)
 	return s
+}
+
+// FuzzReadLines checks read_file's line window over arbitrary file
+// content and offset, limit and tail: the lines returned are the file's
+// lines StartLine..EndLine, whole (or marked cut), in valid UTF-8, within
+// the byte bound, and TotalLines counts the file's lines.
+func FuzzReadLines(f *testing.F) {
+	for _, s := range []string{"a\nb\nc\n", "", "no newline", "\x00binary", "é\xff\n", strings.Repeat("x", 70000) + "\n", "\n\n\n"} {
+		f.Add(s, 0, 0, 0)
+		f.Add(s, 2, 1, 0)
+		f.Add(s, 0, 0, 2)
+	}
+	f.Fuzz(func(t *testing.T, content string, offset, limit, tail int) {
+		if limit < 0 || tail < 0 || offset < 0 {
+			return // the tool refuses these before reading
+		}
+		out, err := readLines(strings.NewReader(content), readIn{Offset: offset, Limit: limit, Tail: tail})
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "invalid: ") {
+				t.Fatalf("readLines(%q): %v", content, err)
+			}
+			return
+		}
+		lines := strings.SplitAfter(content, "\n")
+		if lines[len(lines)-1] == "" {
+			lines = lines[:len(lines)-1]
+		}
+		if out.TotalLines != len(lines) {
+			t.Fatalf("readLines(%q): %d lines, want %d", content, out.TotalLines, len(lines))
+		}
+		if !utf8.ValidString(out.Content) || len(out.Content) > readMaxBytes+len(" [line cut]\n")*3 {
+			t.Fatalf("readLines(%q): content of %d bytes, valid UTF-8 %v", content, len(out.Content), utf8.ValidString(out.Content))
+		}
+		if out.StartLine == 0 {
+			if out.EndLine != 0 || out.Content != "" {
+				t.Fatalf("readLines(%q): no lines, but %+v", content, out)
+			}
+			return
+		}
+		if out.StartLine < 1 || out.EndLine < out.StartLine || out.EndLine > len(lines) {
+			t.Fatalf("readLines(%q): lines %d-%d of %d", content, out.StartLine, out.EndLine, len(lines))
+		}
+		if !out.Truncated {
+			want := strings.ToValidUTF8(strings.Join(lines[out.StartLine-1:out.EndLine], ""), "\uFFFD")
+			if out.Content != want {
+				t.Fatalf("readLines(%q, %d, %d, %d): lines %d-%d are %q, want %q", content, offset, limit, tail, out.StartLine, out.EndLine, out.Content, want)
+			}
+		}
+	})
 }
