@@ -6,9 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -202,6 +204,81 @@ func FuzzReadLines(f *testing.F) {
 			if out.Content != want {
 				t.Fatalf("readLines(%q, %d, %d, %d): lines %d-%d are %q, want %q", content, offset, limit, tail, out.StartLine, out.EndLine, out.Content, want)
 			}
+		}
+	})
+}
+
+// FuzzToolArguments calls every tool through the MCP protocol with
+// arbitrary JSON arguments against a den API that knows no sandbox, and
+// checks that each call ends in a result (a refusal is a tool error
+// naming its kind, never a crash of the session), that every request the
+// tools make stays under /v1/ with the sandbox argument as one path
+// segment, and that the session still answers afterwards.
+func FuzzToolArguments(f *testing.F) {
+	var mu sync.Mutex
+	var paths []string
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.EscapedPath())
+		mu.Unlock()
+		w.WriteHeader(404)
+		json.NewEncoder(w).Encode(api.ErrorDoc{Error: api.Errorf(api.KindNotFound, "no sandbox here")})
+	}))
+	f.Cleanup(ts.Close)
+	cs := toolSession(f, ts.URL)
+	tools := Tools("fuzz")
+	for i := range tools {
+		for _, s := range []string{`{}`, `{"sandbox":"sb1"}`, `{"sandbox":"../../v1/secrets","path":"/etc/passwd"}`, `{"sandbox":"..","cmd":["ls"]}`,
+			`{"sandbox":"sb1","cmd":"ls","timeout":"-5s","background":true}`, `{"sandbox":"sb1","port":99999}`, `{"sandbox":7}`, `[]`, `null`,
+			`{"sandbox":"sb1","signal":"NOPE","process":"p1"}`, `{"image":"x","limits":{"memory":"1e99"}}`, `{"sandbox":"sb1","mode":"allow","allow":["*"]}`} {
+			f.Add(uint8(i), []byte(s))
+		}
+	}
+	f.Fuzz(func(t *testing.T, which uint8, args []byte) {
+		tool := tools[int(which)%len(tools)]
+		if !json.Valid(args) {
+			return // the transport carries JSON only
+		}
+		mu.Lock()
+		paths = nil
+		mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: tool.Name, Arguments: json.RawMessage(args)})
+		if err == nil && res.IsError {
+			msg := ""
+			for _, c := range res.Content {
+				if tc, ok := c.(*sdk.TextContent); ok {
+					msg += tc.Text
+				}
+			}
+			if msg == "" {
+				t.Fatalf("%s %s: an error without a message", tool.Name, args)
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s %s: no answer in 10s", tool.Name, args)
+		}
+		var a struct {
+			Sandbox any `json:"sandbox"`
+		}
+		json.Unmarshal(args, &a)
+		mu.Lock()
+		got := paths
+		mu.Unlock()
+		for _, p := range got {
+			if !strings.HasPrefix(p, "/v1/") {
+				t.Fatalf("%s %s: the API was asked %s", tool.Name, args, p)
+			}
+			if id, ok := a.Sandbox.(string); ok && strings.HasPrefix(p, "/v1/sandboxes/") {
+				seg, _, _ := strings.Cut(strings.TrimPrefix(p, "/v1/sandboxes/"), "/")
+				if dec, err := url.PathUnescape(seg); err != nil || dec != id {
+					t.Fatalf("%s %s: sandbox %q reached the API as %s", tool.Name, args, id, p)
+				}
+			}
+		}
+		if _, err := cs.ListTools(ctx, nil); err != nil {
+			t.Fatalf("%s %s: the session no longer answers: %v", tool.Name, args, err)
 		}
 	})
 }
