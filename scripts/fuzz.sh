@@ -25,7 +25,7 @@ summary=()
 # package's tests, so skip the rest cheaply first).
 for pkg in $(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' $pkgs); do
   dir=$(go list -f '{{.Dir}}' "$pkg")
-  grep -qs '^func Fuzz[A-Z0-9_a-z]*(f \*testing.F)' "$dir"/*_test.go || continue
+  grep -qs '^func Fuzz' "$dir"/*_test.go || continue
   if ! names=$(go test -list '^Fuzz' "$pkg" 2>&1); then
     echo "fuzz: $pkg: cannot list its fuzz targets:" >&2
     echo "$names" >&2

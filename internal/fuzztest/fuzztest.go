@@ -19,7 +19,11 @@ import (
 type Entry struct {
 	Name, Body, Link string
 	Type             byte
-	Mode             int64
+	Mode             int64 // default 0644 (files), 0755 (dirs), 0777 (symlinks)
+	Uid, Gid         int
+	PAX              map[string]string
+	Major            int64     // a device's major number
+	ModTime          time.Time // default 2001-09-09
 }
 
 // Tar returns a tar stream of the entries.
@@ -34,17 +38,26 @@ func Tar(t testing.TB, entries ...Entry) []byte {
 		}
 		mode := e.Mode
 		if mode == 0 {
-			mode = 0o644
-			if typ == tar.TypeDir {
+			switch typ {
+			case tar.TypeDir:
 				mode = 0o755
+			case tar.TypeSymlink:
+				mode = 0o777
+			default:
+				mode = 0o644
 			}
 		}
-		h := &tar.Header{Name: e.Name, Typeflag: typ, Linkname: e.Link, Mode: mode, ModTime: time.Unix(1e9, 0), Format: tar.FormatPAX}
+		mtime := e.ModTime
+		if mtime.IsZero() {
+			mtime = time.Unix(1e9, 0)
+		}
+		h := &tar.Header{Name: e.Name, Typeflag: typ, Linkname: e.Link, Mode: mode, Uid: e.Uid, Gid: e.Gid,
+			ModTime: mtime, PAXRecords: e.PAX, Devmajor: e.Major, Format: tar.FormatPAX}
 		if typ == tar.TypeReg {
 			h.Size = int64(len(e.Body))
 		}
 		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
+			t.Fatalf("tar header %q: %v", e.Name, err)
 		}
 		if typ == tar.TypeReg {
 			if _, err := tw.Write([]byte(e.Body)); err != nil {
