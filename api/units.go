@@ -94,8 +94,10 @@ type Duration time.Duration
 func ParseDuration(s string) (Duration, error) {
 	t := strings.TrimSpace(s)
 	if f, err := strconv.ParseFloat(t, 64); err == nil {
-		if f < 0 || math.IsNaN(f) || f > math.MaxInt64/1e9 {
-			return 0, fmt.Errorf("bad duration %q", s)
+		// f*1e9 must stay below 2^63 (float64(MaxInt64)): converting a
+		// larger float to an integer overflows to a negative duration.
+		if f < 0 || math.IsNaN(f) || f*1e9 >= math.MaxInt64 {
+			return 0, fmt.Errorf("bad duration %q: want a non-negative number of seconds below 9223372036", s)
 		}
 		return Duration(f * 1e9), nil
 	}

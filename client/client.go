@@ -387,8 +387,20 @@ func isJSON(ct string) bool {
 
 // sandboxPath returns /v1/sandboxes/{id} plus suffix.
 func sandboxPath(id, suffix string) (string, error) {
-	if id == "" {
-		return "", &api.Error{Kind: api.KindInvalid, Message: "no sandbox id given"}
+	p, err := objectPath("/v1/sandboxes/", "sandbox id", id)
+	return p + suffix, err
+}
+
+// objectPath returns prefix followed by id as one escaped path segment;
+// what names id in errors. "." and ".." are refused: escaping leaves them
+// as they are, and the server's router would take them as a path step
+// (/v1/sandboxes/.. is /v1).
+func objectPath(prefix, what, id string) (string, error) {
+	switch id {
+	case "":
+		return "", &api.Error{Kind: api.KindInvalid, Message: "no " + what + " given"}
+	case ".", "..":
+		return "", &api.Error{Kind: api.KindInvalid, Message: fmt.Sprintf("%q is not a %s", id, what)}
 	}
-	return "/v1/sandboxes/" + url.PathEscape(id) + suffix, nil
+	return prefix + url.PathEscape(id), nil
 }

@@ -49,10 +49,7 @@ func (c *Client) RemoveImage(ctx context.Context, name string) error {
 }
 
 func imagePath(name string) (string, error) {
-	if name == "" {
-		return "", &api.Error{Kind: api.KindInvalid, Message: "no image name given"}
-	}
-	return "/v1/images/" + url.PathEscape(name), nil
+	return objectPath("/v1/images/", "image name", name)
 }
 
 // ImportImage imports the images of an OCI archive or a `docker save`

@@ -169,8 +169,9 @@ func (c *Client) Wait(ctx context.Context, id, proc string) (*api.ExitStatus, er
 
 // processPath returns /v1/sandboxes/{id}/processes/{proc} plus suffix.
 func processPath(id, proc, suffix string) (string, error) {
-	if proc == "" {
-		return "", &api.Error{Kind: api.KindInvalid, Message: "no process id given"}
+	pp, err := objectPath("/processes/", "process id", proc)
+	if err != nil {
+		return "", err
 	}
-	return sandboxPath(id, "/processes/"+url.PathEscape(proc)+suffix)
+	return sandboxPath(id, pp+suffix)
 }

@@ -5,9 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/url"
-
-	"github.com/den-dev/den/api"
 )
 
 // SetSecret stores (or replaces) the secret name in den's secret store:
@@ -48,8 +45,5 @@ func (c *Client) DeleteSecret(ctx context.Context, name string) error {
 }
 
 func secretPath(name string) (string, error) {
-	if name == "" {
-		return "", &api.Error{Kind: api.KindInvalid, Message: "no secret name given"}
-	}
-	return "/v1/secrets/" + url.PathEscape(name), nil
+	return objectPath("/v1/secrets/", "secret name", name)
 }

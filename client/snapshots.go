@@ -153,10 +153,3 @@ func (c *Client) RemoveVolume(ctx context.Context, name string) error {
 	}
 	return c.call(ctx, http.MethodDelete, p, nil, nil, nil)
 }
-
-func objectPath(prefix, what, id string) (string, error) {
-	if id == "" {
-		return "", &api.Error{Kind: api.KindInvalid, Message: "no " + what + " given"}
-	}
-	return prefix + url.PathEscape(id), nil
-}

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"net/http"
-	"net/url"
 
 	"github.com/den-dev/den/api"
 )
@@ -38,8 +37,9 @@ func (c *Client) SSHKeys(ctx context.Context) ([]*api.SSHKey, error) {
 // RemoveSSHKey revokes a key by id, name or id prefix. Sessions already
 // open keep running; new ones are refused.
 func (c *Client) RemoveSSHKey(ctx context.Context, id string) error {
-	if id == "" {
-		return &api.Error{Kind: api.KindInvalid, Message: "no SSH key id given"}
+	p, err := objectPath("/v1/ssh-keys/", "SSH key id", id)
+	if err != nil {
+		return err
 	}
-	return c.call(ctx, http.MethodDelete, "/v1/ssh-keys/"+url.PathEscape(id), nil, nil, nil)
+	return c.call(ctx, http.MethodDelete, p, nil, nil, nil)
 }

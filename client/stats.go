@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 
 	"github.com/den-dev/den/api"
 )
@@ -26,10 +25,11 @@ func (c *Client) Sessions(ctx context.Context, id string) ([]*api.Session, error
 // CloseSession ends a shell session, killing its shell. The next exec
 // naming the session starts a fresh one.
 func (c *Client) CloseSession(ctx context.Context, id, name string) error {
-	if name == "" {
-		return &api.Error{Kind: api.KindInvalid, Message: "no session name given"}
+	sp, err := objectPath("/sessions/", "session name", name)
+	if err != nil {
+		return err
 	}
-	p, err := sandboxPath(id, "/sessions/"+url.PathEscape(name))
+	p, err := sandboxPath(id, sp)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"net/http"
-	"net/url"
 
 	"github.com/den-dev/den/api"
 )
@@ -33,8 +32,9 @@ func (c *Client) Tokens(ctx context.Context) ([]*api.Token, error) {
 // RemoveToken revokes a token by id, unique id prefix or name (admin
 // only); its next request is refused. Its sandboxes are kept.
 func (c *Client) RemoveToken(ctx context.Context, idOrName string) error {
-	if idOrName == "" {
-		return &api.Error{Kind: api.KindInvalid, Message: "no token id or name given"}
+	p, err := objectPath("/v1/tokens/", "token id or name", idOrName)
+	if err != nil {
+		return err
 	}
-	return c.call(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(idOrName), nil, nil, nil)
+	return c.call(ctx, http.MethodDelete, p, nil, nil, nil)
 }

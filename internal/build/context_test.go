@@ -21,7 +21,7 @@ docs
 
 // makeContext builds a context dir (with a file "secret" beside it) and
 // returns its path.
-func makeContext(t *testing.T) string {
+func makeContext(t testing.TB) string {
 	t.Helper()
 	base := t.TempDir()
 	dir := filepath.Join(base, "ctx")
@@ -65,7 +65,7 @@ func makeContext(t *testing.T) string {
 	return dir
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

@@ -475,18 +475,8 @@ func (it *interceptor) exchange(n int) (keep bool, fail string) {
 	it.lim.n = 1<<62 - 1
 	tc.SetReadDeadline(time.Time{})
 
-	switch {
-	case req.ProtoMajor != 1:
-		return it.refuse(http.StatusHTTPVersionNotSupported, "only HTTP/1 is proxied on a connection with secret headers")
-	case req.Method == http.MethodConnect:
-		return it.refuse(http.StatusMethodNotAllowed, "CONNECT inside an intercepted connection")
-	case req.Method == http.MethodTrace || req.Method == "TRACK":
-		// The upstream would echo the request, secrets included.
-		return it.refuse(http.StatusMethodNotAllowed, req.Method+" is not proxied on a connection with secret headers")
-	case len(req.Header.Values("Upgrade")) > 0:
-		return it.refuse(http.StatusNotImplemented, "protocol upgrades are not proxied on a connection with secret headers")
-	case req.URL.Scheme != "" && !strings.EqualFold(req.URL.Scheme, "https"):
-		return it.refuse(http.StatusBadRequest, "scheme "+quoteShort(req.URL.Scheme)+" on a TLS connection")
+	if code, why := checkIntercepted(req); code != 0 {
+		return it.refuse(code, why)
 	}
 	host := req.Host
 	if host == "" {
@@ -702,6 +692,28 @@ func (it *interceptor) copyResponseBody(body io.Reader, chunk bool) (upErr, cErr
 		w.WriteString("0\r\n\r\n")
 	}
 	return nil, w.Flush()
+}
+
+// checkIntercepted refuses (status and reason) the requests an
+// intercepted connection does not proxy; 0 if req may go on.
+func checkIntercepted(req *http.Request) (int, string) {
+	switch {
+	case req.ProtoMajor != 1:
+		return http.StatusHTTPVersionNotSupported, "only HTTP/1 is proxied on a connection with secret headers"
+	case req.Method == http.MethodConnect:
+		return http.StatusMethodNotAllowed, "CONNECT inside an intercepted connection"
+	case req.Method == http.MethodTrace || req.Method == "TRACK":
+		// The upstream would echo the request, secrets included.
+		return http.StatusMethodNotAllowed, req.Method + " is not proxied on a connection with secret headers"
+	case len(req.Header.Values("Upgrade")) > 0:
+		return http.StatusNotImplemented, "protocol upgrades are not proxied on a connection with secret headers"
+	case req.URL.Scheme != "" && !strings.EqualFold(req.URL.Scheme, "https"):
+		return http.StatusBadRequest, "scheme " + quoteShort(req.URL.Scheme) + " on a TLS connection"
+	case req.URL.Opaque != "":
+		// "https:x" would go upstream as the request target "x".
+		return http.StatusBadRequest, "request target " + quoteShort(req.RequestURI) + " is neither a path nor an https:// URL"
+	}
+	return 0, ""
 }
 
 // writeRequest sends req upstream: request line (uri), Host, req's header

@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/den-dev/den/internal/fuzztest"
 )
 
 var testTime = time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
@@ -39,50 +41,12 @@ type ent struct {
 
 func mkTar(t testing.TB, ents ...ent) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range ents {
-		h := &tar.Header{
-			Name:       e.name,
-			Typeflag:   e.typ,
-			Linkname:   e.link,
-			Mode:       e.mode,
-			Uid:        e.uid,
-			Gid:        e.gid,
-			ModTime:    testTime,
-			PAXRecords: e.pax,
-			Devmajor:   e.major,
-			Format:     tar.FormatPAX,
-		}
-		if h.Typeflag == 0 {
-			h.Typeflag = tar.TypeReg
-		}
-		if h.Mode == 0 {
-			switch h.Typeflag {
-			case tar.TypeDir:
-				h.Mode = 0o755
-			case tar.TypeSymlink:
-				h.Mode = 0o777
-			default:
-				h.Mode = 0o644
-			}
-		}
-		if h.Typeflag == tar.TypeReg {
-			h.Size = int64(len(e.body))
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatalf("tar header %q: %v", e.name, err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := tw.Write([]byte(e.body)); err != nil {
-				t.Fatal(err)
-			}
-		}
+	out := make([]fuzztest.Entry, len(ents))
+	for i, e := range ents {
+		out[i] = fuzztest.Entry{Name: e.name, Type: e.typ, Body: e.body, Link: e.link, Mode: e.mode,
+			Uid: e.uid, Gid: e.gid, PAX: e.pax, Major: e.major, ModTime: testTime}
 	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return fuzztest.Tar(t, out...)
 }
 
 type layerKind int

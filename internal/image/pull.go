@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -83,6 +84,10 @@ func (s *Store) pull(ctx context.Context, ref string, opts PullOptions, progress
 		return NamedImage{}, err
 	}
 	registry := r.Context().RegistryStr()
+	if (&url.URL{Host: registry}).Hostname() == "" {
+		// ":" or ":5000" would be dialled as this host's own address.
+		return NamedImage{}, fmt.Errorf("registry %q has no host name", registry)
+	}
 	platform := opts.Platform
 	if platform == "" {
 		platform = "linux/" + runtime.GOARCH

@@ -309,7 +309,7 @@ func mustConfigFile(t *testing.T, img v1.Image) *v1.ConfigFile {
 
 // hermeticDockerConfig points the default keychain at an empty temporary
 // home, and returns the docker config directory.
-func hermeticDockerConfig(t *testing.T) string {
+func hermeticDockerConfig(t testing.TB) string {
 	home := t.TempDir()
 	cfgDir := filepath.Join(home, "docker-config")
 	os.Mkdir(cfgDir, 0o700)

@@ -230,6 +230,8 @@ func decodeErr(err error) error {
 		return api.Errorf(api.KindInvalid, "malformed JSON: the body ends in the middle of a value")
 	case errors.As(err, &se):
 		return api.Errorf(api.KindInvalid, "malformed JSON at byte %d: %v", se.Offset, err)
+	case errors.As(err, &te) && te.Field == "":
+		return api.Errorf(api.KindInvalid, "the body must be a JSON object, not a JSON %s", te.Value)
 	case errors.As(err, &te):
 		return api.FieldError(te.Field, "want %s, got JSON %s", te.Type, te.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
