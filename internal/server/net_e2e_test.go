@@ -505,18 +505,31 @@ func TestNetworkPolicy(t *testing.T) {
 // IPv6, UDP other than DNS. Each is refused, and the sandbox keeps working.
 func TestNetworkBypasses(t *testing.T) {
 	e, in := newNetEnv(t)
-	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"}}})
-	// A UDP listener on the test internet: nothing may arrive there.
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test", "v6.test"}}})
+	// A UDP listener on the test internet: nothing may arrive there from
+	// sb. The control: a sandbox whose allow_cidr names it gets through.
 	udp := in.listenPacket(t, inetAddr, 9999)
-	got := make(chan string, 1)
+	got := make(chan string, 10)
 	go func() {
 		buf := make([]byte, 100)
-		udp.SetReadDeadline(time.Now().Add(30 * time.Second))
-		if n, _, err := udp.ReadFrom(buf); err == nil {
+		for {
+			n, _, err := udp.ReadFrom(buf)
+			if err != nil {
+				close(got)
+				return
+			}
 			got <- string(buf[:n])
 		}
-		close(got)
 	}()
+	ctl := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{inetAddr + "/32"}}})
+	e.sh(t, ctl.ID, `python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"control", ("`+inetAddr+`", 9999))'`)
+	select {
+	case msg := <-got:
+		reached(t, "UDP to the test internet", msg, "control")
+	case <-time.After(20 * time.Second):
+		t.Fatal("control: a datagram from a sandbox whose allow_cidr names the listener did not arrive")
+	}
+	drops := forwardDrops(t)
 	script := `
 import socket, struct
 def q(name, qtype):
@@ -539,12 +552,20 @@ for fam, typ, proto, what in ((socket.AF_PACKET, socket.SOCK_RAW, 0, "packet"), 
         print(what, "denied")
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 u.sendto(b"leak", ("` + inetAddr + `", 9999))
-try: # IPv6 goes to the proxy like IPv4: accepted, then closed (denied)
-    s6 = socket.create_connection(("2001:db8::1", 80), timeout=2)
-    s6.sendall(b"GET / HTTP/1.0\r\nHost: other.test\r\n\r\n"); s6.settimeout(5)
-    print("v6 open" if s6.recv(100) else "v6 denied")
-except OSError:
-    print("v6 denied")
+def v6(host): # IPv6 goes to the proxy like IPv4
+    try:
+        s6 = socket.create_connection(("` + inet6Addr + `", 80), timeout=5)
+        s6.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n"); s6.settimeout(5)
+        got = b""
+        while True:
+            d = s6.recv(4096)
+            if not d: break
+            got += d
+        return got.decode(errors="replace").split("\r\n\r\n")[-1] or "closed"
+    except OSError as e:
+        return "error " + e.__class__.__name__
+print("v6 allowed:", v6("v6.test"))
+print("v6 denied:", v6("other.test"))
 `
 	r, err := e.c.Exec(context.Background(), sb.ID, api.ExecRequest{Cmd: []string{"python3", "-c", script}, Timeout: api.Duration(30 * time.Second)})
 	if err != nil {
@@ -553,14 +574,31 @@ except OSError:
 	udp.SetReadDeadline(time.Now().Add(500 * time.Millisecond)) // the datagram had its chance
 	out := string(r.Stdout)
 	// rcode 5 = REFUSED; rcode 0 with answers for an allowed A query.
-	for _, want := range []string{"txt (5, 0)", "tunnel (5, 0)", "a (0, 1)", "other (5, 0)", "packet denied", "raw denied", "v6 denied"} {
+	for _, want := range []string{"txt (5, 0)", "tunnel (5, 0)", "a (0, 1)", "other (5, 0)", "packet denied", "raw denied"} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("want %q in:\n%s%s", want, out, r.Stderr)
 		}
 	}
-	if msg, ok := <-got; ok {
+	for msg := range got {
 		t.Fatalf("a UDP datagram left the sandbox: %q", msg)
 	}
+	// UDP is dropped by the kernel, not den: no event; the forward
+	// chain's drop counter says so.
+	if n := forwardDrops(t); n <= drops {
+		t.Fatalf("the UDP datagram was not counted as dropped (%d before, %d after)", drops, n)
+	}
+	// IPv6: an allowed name reaches the test internet's IPv6 server
+	// (the control); a denied one, to the same address, does not.
+	lines := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(l, ": "); ok {
+			lines[k] = v
+		}
+	}
+	reached(t, "IPv6 with an allowed name", lines["v6 allowed"], webGreeting+", host v6.test")
+	refused(t, e, sb.ID, "IPv6 with a denied name", lines["v6 denied"], webGreeting, "name not in allow list", func(ev egress.Event) bool {
+		return connectTo(inet6Addr, 80)(ev) && ev.Name == "other.test"
+	})
 	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
 		t.Fatalf("the sandbox stopped working: %d %s", code, out)
 	}
@@ -1007,6 +1045,30 @@ func betweenSandboxes(t *testing.T, e *env, id, what, out, addr string) {
 			t.Fatalf("%s: an event for the other sandbox's address: %+v", what, ev)
 		}
 	}
+}
+
+// forwardDrops reads the test table's counter of what the forward chain
+// drops from the bridge (UDP no allow_cidr rule names; den never sees it).
+func forwardDrops(t *testing.T) int {
+	t.Helper()
+	table := fmt.Sprintf("dentest%d", os.Getpid()%100000)
+	out, err := exec.Command("nft", "list", "chain", "inet", table, "forward").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list chain: %v: %s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		// iifname "dentN" counter packets P bytes B drop
+		if len(f) == 8 && f[0] == "iifname" && f[2] == "counter" && f[3] == "packets" && f[7] == "drop" {
+			n, err := strconv.Atoi(f[4])
+			if err != nil {
+				t.Fatalf("nft counter %q: %v", l, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no drop counter in the forward chain:\n%s", out)
+	return 0
 }
 
 // udpProbe sends "ping" to addr:port from the sandbox and prints the
