@@ -1216,32 +1216,49 @@ func TestNetworkIPv6(t *testing.T) {
 	gw6 := in.nw.Gateway6()
 	oslot, _ := in.nw.Slot(netip.MustParseAddr(other.Address))
 	other6, _ := in.nw.Addr6(oslot)
-	denied := map[string][]string{
-		"v6 literal":        {"-g", "http://[" + inet6Addr + "]/"},
-		"v6 gateway":        {"-g", "http://[" + gw6.String() + "]:22/"},
-		"v6 other sandbox":  {"-g", "--max-time", "3", "http://[" + other6.String() + "]:80/"},
-		"v4-mapped private": {"-g", "http://[::ffff:10.1.2.3]/"},
-		"NAT64":             {"-g", "http://[64:ff9b::c633:640a]/"},
-		"unique local name": {"http://ula.test/"},
-	}
-	for what, args := range denied {
-		out, code := curl(t, e, sb.ID, append([]string{"--noproxy", "*"}, args...)...)
-		if code == 0 && strings.Contains(out, "hello") {
-			t.Errorf("%s: reached the server: %s", what, out)
+	// Controls: a sandbox whose allow_cidr names the test internet's IPv6
+	// address, and a host listener on the IPv6 gateway.
+	ctl := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{inet6Addr + "/128"}}})
+	gwPort, gwAccepted := hostListener(t, "tcp6", net.JoinHostPort(gw6.String(), "0"))
+	gwTarget := net.JoinHostPort(gw6.String(), strconv.Itoa(gwPort))
+	for _, c := range []struct {
+		what    string
+		args    []string      // curl in sb, after --noproxy '*'
+		control func() string // nil: no control possible (see why)
+		answer  string
+		reason  string
+		match   func(egress.Event) bool
+	}{
+		{"v6 literal", []string{"-g", "http://[" + inet6Addr + "]/"},
+			func() string { out, _ := curl(t, e, ctl.ID, "--noproxy", "*", "-g", "http://["+inet6Addr+"]/"); return out },
+			webGreeting, "address " + inet6Addr + " not in allow-cidr", connectTo(inet6Addr, 80)},
+		{"v6 gateway", []string{"-g", "--http0.9", "http://" + gwTarget + "/"},
+			func() string { return hostControl(t, gwTarget, gwAccepted) },
+			hostGreeting, "is the host", connectTo(gw6.String(), gwPort)},
+		// No control: 10.1.2.3 is outside the test's namespaces.
+		{"v4-mapped private", []string{"-g", "http://[::ffff:10.1.2.3]/"},
+			nil, "", "private 10.0.0.0/8", connectTo("10.1.2.3", 80)},
+		// No control: NAT64 addresses route nowhere here (this one embeds
+		// the test internet's address; dialing it would leave the host).
+		{"NAT64", []string{"-g", "http://[64:ff9b::c633:640a]/"},
+			nil, "", "NAT64 64:ff9b::/96", connectTo("64:ff9b::c633:640a", 80)},
+		// No control: fd12:3456::1 is outside the test's namespaces. The
+		// name is allowed: only its address can be the reason.
+		{"unique local name", []string{"-g", "--resolve", "ula.test:80:[" + inet6Addr + "]", "http://ula.test/"},
+			nil, webGreeting, "unique local fc00::/7", connectNamed("ula.test")},
+	} {
+		if c.control != nil {
+			reached(t, c.what, c.control(), c.answer)
 		}
+		out, _ := curl(t, e, sb.ID, append([]string{"--noproxy", "*"}, c.args...)...)
+		refused(t, e, sb.ID, c.what, out, c.answer, c.reason, c.match)
 	}
-	wantEvent(t, e, sb.ID, "the IPv6 literal", func(ev egress.Event) bool {
-		return ev.Kind == egress.KindConnect && ev.Addr == inet6Addr && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "not in allow-cidr")
-	})
-	wantEvent(t, e, sb.ID, "the IPv6 gateway", func(ev egress.Event) bool {
-		return ev.Kind == egress.KindConnect && ev.Addr == gw6.String() && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "is the host")
-	})
-	wantEvent(t, e, sb.ID, "NAT64", func(ev egress.Event) bool {
-		return ev.Kind == egress.KindConnect && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "NAT64")
-	})
-	wantEvent(t, e, sb.ID, "the v4-mapped private address", func(ev egress.Event) bool {
-		return ev.Kind == egress.KindConnect && ev.Addr == "10.1.2.3" && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "private")
-	})
+	noneAccepted(t, "v6 gateway", gwAccepted)
+	// Another sandbox over IPv6: its server answers den's port proxy and
+	// itself (IPv4 and IPv6), never sb.
+	sandboxServer(t, e, other.ID, other.Address, other6.String())
+	out, _ = curl(t, e, sb.ID, "--noproxy", "*", "-g", "--max-time", "3", "http://["+other6.String()+"]:80/")
+	betweenSandboxes(t, e, sb.ID, "v6 other sandbox", out, other6.String())
 	// An allow_cidr rule naming the address lets the literal through.
 	if _, err := e.c.SetNetwork(ctx, sb.ID, api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{inet6Addr + "/128"}}); err != nil {
 		t.Fatal(err)
