@@ -348,6 +348,11 @@ func curl(t *testing.T, e *env, id string, args ...string) (string, int) {
 	return string(r.Stdout) + string(r.Stderr), r.ExitCode
 }
 
+// curlFrom is a control: curl in sandbox id, returning its output.
+func curlFrom(t *testing.T, e *env, id string, args ...string) func() string {
+	return func() string { out, _ := curl(t, e, id, args...); return out }
+}
+
 func TestNetworkPolicy(t *testing.T) {
 	e, in := newNetEnv(t)
 	ctx := context.Background()
@@ -394,9 +399,7 @@ func TestNetworkPolicy(t *testing.T) {
 	loPort, loAccepted := hostListener(t, "tcp4", "127.0.0.1:0")
 	_, _, proxyPort := in.nw.Ports()
 	explicitProxy := fmt.Sprintf("http://%s:%d", gw, proxyPort)
-	fromCtl := func(args ...string) func() string {
-		return func() string { out, _ := curl(t, e, ctl.ID, args...); return out }
-	}
+	fromCtl := func(args ...string) func() string { return curlFrom(t, e, ctl.ID, args...) }
 	for _, c := range []struct {
 		what    string
 		args    []string      // curl in sb
@@ -1230,7 +1233,7 @@ func TestNetworkIPv6(t *testing.T) {
 		match   func(egress.Event) bool
 	}{
 		{"v6 literal", []string{"-g", "http://[" + inet6Addr + "]/"},
-			func() string { out, _ := curl(t, e, ctl.ID, "--noproxy", "*", "-g", "http://["+inet6Addr+"]/"); return out },
+			curlFrom(t, e, ctl.ID, "--noproxy", "*", "-g", "http://["+inet6Addr+"]/"),
 			webGreeting, "address " + inet6Addr + " not in allow-cidr", connectTo(inet6Addr, 80)},
 		{"v6 gateway", []string{"-g", "--http0.9", "http://" + gwTarget + "/"},
 			func() string { return hostControl(t, gwTarget, gwAccepted) },
