@@ -43,11 +43,15 @@ import (
 // The tests' stand-in for the internet: a network namespace the test makes,
 // reached from the host through a veth, holding 198.51.100.10 and
 // 2001:db8:5::10 (documentation ranges the egress servers treat as public
-// in tests only). It serves HTTP on port 80 (both addresses), HTTPS on
-// 443, a TCP echo on 2222 and a UDP echo on 7 (both addresses).
+// in tests only), and 198.51.100.11. It serves HTTP on port 80 and a TCP
+// echo that greets first on 2222 (198.51.100.10 and 2001:db8:5::10), HTTPS
+// on 443 (198.51.100.10) and a UDP echo on 7 (all three addresses).
 const (
 	inetAddr  = "198.51.100.10"
 	inet6Addr = "2001:db8:5::10"
+	// inetAddr2 is a second address of the test internet, with only the
+	// UDP echo.
+	inetAddr2 = "198.51.100.11"
 	// echoGreeting is the first line of the TCP echo on 2222: what shows
 	// it was reached.
 	echoGreeting = "greetings from the test internet's echo"
@@ -107,6 +111,7 @@ func newInet(t *testing.T) *inet {
 	defer h.Close()
 	p, _ := h.LinkByName(in.host + "p")
 	h.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(inetAddr), Mask: net.CIDRMask(24, 32)}})
+	h.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(inetAddr2), Mask: net.CIDRMask(24, 32)}})
 	// IPv6, without duplicate address detection (it would hold the
 	// addresses back for a second).
 	netlink.AddrAdd(hostEnd, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("2001:db8:5::1"), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
@@ -114,7 +119,7 @@ func newInet(t *testing.T) *inet {
 	h.LinkSetUp(p)
 	lo, _ := h.LinkByName("lo")
 	h.LinkSetUp(lo)
-	for _, a := range []string{inetAddr, inet6Addr} {
+	for _, a := range []string{inetAddr, inetAddr2, inet6Addr} {
 		pc := in.listenPacket(t, a, 7)
 		go func() { // UDP echo, saying whom it answers (masquerading shows)
 			buf := make([]byte, 2048)
@@ -1074,6 +1079,20 @@ func forwardDrops(t *testing.T) int {
 	return 0
 }
 
+// udpDropped fails unless the sandbox's datagram to addr's UDP echo gets
+// no answer and is counted by the forward chain's drop rule (the kernel
+// drops it: den logs nothing). The caller shows the echo answering first.
+func udpDropped(t *testing.T, e *env, id, addr, what string) {
+	t.Helper()
+	before := forwardDrops(t)
+	if got := udpPing(t, e, id, addr); got != "timeout" {
+		t.Fatalf("%s: %q", what, got)
+	}
+	if n := forwardDrops(t); n <= before {
+		t.Fatalf("%s: not counted as dropped by the forward chain (%d before, %d after)", what, before, n)
+	}
+}
+
 // udpProbe sends "ping" to addr:port from the sandbox and prints the
 // answer ("echo ...") or "timeout".
 const udpProbe = `
@@ -1133,13 +1152,8 @@ func TestNetworkUDP(t *testing.T) {
 	if got := udpPing(t, e, withCIDR.ID, inetAddr); got != "echo ping from 198.51.100.1" {
 		t.Fatalf("UDP to an allow_cidr destination: %q (want the echo, from the host's masqueraded address)", got)
 	}
-	if got := udpPing(t, e, plain.ID, inetAddr); got != "timeout" {
-		t.Fatalf("UDP without an allow_cidr rule: %q", got)
-	}
-	// Another destination than the CIDR names: dropped.
-	if got := udpPing(t, e, withCIDR.ID, "198.51.100.1"); got != "timeout" {
-		t.Fatalf("UDP outside the allow_cidr rule: %q", got)
-	}
+	// (The control: withCIDR's echo above.)
+	udpDropped(t, e, plain.ID, inetAddr, "UDP without an allow_cidr rule")
 	// DNS to an allowed address still goes to den's DNS (the test internet
 	// has no DNS server: an answer proves it).
 	if got := dnsAsk(t, e, withCIDR.ID, inetAddr, "allowed.test", 1); got != "0 1" {
@@ -1150,11 +1164,24 @@ func TestNetworkUDP(t *testing.T) {
 		if got := udpPing(t, e, withCIDR.ID, inet6Addr); got != "echo ping from 2001:db8:5::1" {
 			t.Fatalf("UDP over IPv6 to an allow_cidr destination: %q", got)
 		}
+		udpDropped(t, e, plain.ID, inet6Addr, "UDP over IPv6 without an allow_cidr rule")
 	} else {
 		t.Log("this kernel has no per-interface IPv6 forwarding (force_forwarding, Linux 6.17): IPv6 UDP stays dropped")
-	}
-	if got := udpPing(t, e, plain.ID, inet6Addr); got != "timeout" {
-		t.Fatalf("UDP over IPv6 without an allow_cidr rule: %q", got)
+		// The control: the host reaches the echo; the sandbox's datagram is
+		// not forwarded at all (no forward hook, no counter).
+		c, err := net.Dial("udp", net.JoinHostPort(inet6Addr, "7"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("ping"))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 100)
+		n, _ := c.Read(b)
+		c.Close()
+		reached(t, "the IPv6 UDP echo, from the host", string(b[:n]), "ping from 2001:db8:5::1")
+		if got := udpPing(t, e, plain.ID, inet6Addr); got != "timeout" {
+			t.Fatalf("UDP over IPv6 without an allow_cidr rule: %q", got)
+		}
 	}
 	// Live: a CIDR added lets UDP out at once; taken away, it stops.
 	if _, err := e.c.SetNetwork(ctx, plain.ID, api.NetworkPolicy{Mode: api.NetOpen, AllowCIDR: []string{"198.51.100.0/24"}}); err != nil {
@@ -1163,12 +1190,16 @@ func TestNetworkUDP(t *testing.T) {
 	if got := udpPing(t, e, plain.ID, inetAddr); got != "echo ping from 198.51.100.1" {
 		t.Fatalf("UDP after a live allow_cidr change: %q", got)
 	}
+	// Another destination than the CIDR names: reached by plain's wider
+	// rule (the control), dropped for withCIDR.
+	if got := udpPing(t, e, plain.ID, inetAddr2); got != "echo ping from 198.51.100.1" {
+		t.Fatalf("control: UDP to %s under a /24 allow_cidr: %q", inetAddr2, got)
+	}
+	udpDropped(t, e, withCIDR.ID, inetAddr2, "UDP outside the allow_cidr rule")
 	if _, err := e.c.SetNetwork(ctx, plain.ID, api.NetworkPolicy{Mode: api.NetOpen}); err != nil {
 		t.Fatal(err)
 	}
-	if got := udpPing(t, e, plain.ID, inetAddr); got != "timeout" {
-		t.Fatalf("UDP after the allow_cidr rule was taken away: %q", got)
-	}
+	udpDropped(t, e, plain.ID, inetAddr, "UDP after the allow_cidr rule was taken away")
 	// Removing a sandbox takes its rules away (its teardown runs in the
 	// background).
 	if err := e.c.Remove(ctx, withCIDR.ID, true); err != nil {
@@ -1356,8 +1387,12 @@ print("again:", via("` + inetAddr + `:80", "allowed.test"))
 	if !strings.Contains(got["allowed"], "hello from the test internet, host allowed.test") || !strings.Contains(got["again"], "hello") {
 		t.Fatalf("allowed through the relay:\n%s%s", r.Stdout, r.Stderr)
 	}
-	for _, k := range []string{"denied-name", "denied-raw"} {
-		if v, ok := got[k]; !ok || strings.Contains(v, "hello") || strings.Contains(v, "echo") {
+	// The controls: the web server answered "allowed" above, through the
+	// relay; the echo on 2222 greets a sandbox whose allow_cidr names it.
+	ctl := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{inetAddr + "/32"}}})
+	reached(t, "the echo on 2222", curlFrom(t, e, ctl.ID, "--noproxy", "*", "telnet://"+inetAddr+":2222")(), echoGreeting)
+	for k, answer := range map[string]string{"denied-name": webGreeting, "denied-raw": echoGreeting} {
+		if v, ok := got[k]; !ok || strings.Contains(v, answer) {
 			t.Fatalf("%s through the relay: %q\n%s%s", k, v, r.Stdout, r.Stderr)
 		}
 	}
@@ -1372,7 +1407,7 @@ print("again:", via("` + inetAddr + `:80", "allowed.test"))
 		return ev.Kind == egress.KindConnect && ev.Name == "other.test" && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "name not in allow list")
 	})
 	wantEvent(t, e, sb.ID, "the relayed raw connection", func(ev egress.Event) bool {
-		return ev.Kind == egress.KindConnect && ev.Port == 2222 && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "not in allow-cidr")
+		return connectTo(inetAddr, 2222)(ev) && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "not in allow-cidr")
 	})
 	// The sandbox keeps working, directly too.
 	if out, code := curl(t, e, sb.ID, "--noproxy", "*", "http://allowed.test/"); code != 0 || !strings.Contains(out, "hello") {
