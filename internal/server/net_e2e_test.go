@@ -1477,24 +1477,41 @@ print(r[5] & 0x0f)
 	// Connections refused at once: the gateway (refused before anything
 	// is read), a private address literal (after the request is read),
 	// and a denied name through the explicit proxy.
+	// Each target answers a control first (a sandbox allowed to reach it,
+	// or the host), but for 10.1.2.3, outside the test's namespaces.
 	gw := in.nw.Gateway().String()
+	gwPort, gwAccepted := hostListener(t, "tcp4", gw+":0")
+	ctl := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetOpen, AllowCIDR: []string{inet6Addr + "/128"}}})
 	for _, c := range []struct {
-		what  string
-		args  []string
-		match func(egress.Event) bool
+		what    string
+		args    []string
+		control func() string
+		answer  string
+		reason  string
+		match   func(egress.Event) bool
 	}{
-		{"the gateway", []string{"--noproxy", "*", "http://" + gw + ":22/"}, func(ev egress.Event) bool { return ev.Addr == gw && ev.Port == 22 }},
-		{"a private literal", []string{"--noproxy", "*", "http://10.1.2.3/"}, func(ev egress.Event) bool { return ev.Addr == "10.1.2.3" }},
-		{"the explicit proxy", []string{"http://other.test/"}, func(ev egress.Event) bool { return ev.Name == "other.test" && ev.Kind == egress.KindConnect }},
-		{"an IPv6 literal", []string{"--noproxy", "*", "-g", "http://[" + inet6Addr + "]:2222/"}, func(ev egress.Event) bool { return ev.Addr == inet6Addr && ev.Port == 2222 }},
+		{"the gateway", []string{"--noproxy", "*", "--http0.9", fmt.Sprintf("http://%s:%d/", gw, gwPort)},
+			func() string { return hostControl(t, fmt.Sprintf("%s:%d", gw, gwPort), gwAccepted) },
+			hostGreeting, "is the host", connectTo(gw, gwPort)},
+		{"a private literal", []string{"--noproxy", "*", "http://10.1.2.3/"},
+			nil, "", "private 10.0.0.0/8", connectTo("10.1.2.3", 80)},
+		{"the explicit proxy", []string{"http://other.test/"},
+			curlFrom(t, e, ctl.ID, "http://other.test/"),
+			webGreeting, "name not in allow list", connectNamed("other.test")},
+		{"an IPv6 literal", []string{"--noproxy", "*", "telnet://[" + inet6Addr + "]:2222"},
+			curlFrom(t, e, ctl.ID, "--noproxy", "*", "telnet://["+inet6Addr+"]:2222"),
+			echoGreeting, "not in allow-cidr", connectTo(inet6Addr, 2222)},
 	} {
-		if out, code := curl(t, e, sb.ID, c.args...); code == 0 && strings.Contains(out, "hello") {
-			t.Fatalf("%s: reached: %s", c.what, out)
+		if c.control != nil {
+			reached(t, c.what, c.control(), c.answer)
 		}
+		out, _ := curl(t, e, sb.ID, c.args...)
+		refused(t, e, sb.ID, c.what, out, c.answer, c.reason, c.match)
 		wantEvent(t, e, sb.ID, c.what+", denied and attributed", both(byExec("curl"), func(ev egress.Event) bool {
 			return ev.Kind == egress.KindConnect && ev.Verdict == egress.VerdictDeny && ev.Reason != "" && c.match(ev)
 		}))
 	}
+	noneAccepted(t, "the gateway", gwAccepted)
 	// A query whose process does not wait for the answer: whether den
 	// found it or not, the event is never silently without a process.
 	fire := `
