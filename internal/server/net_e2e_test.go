@@ -793,20 +793,20 @@ func TestNetworkLimits(t *testing.T) {
 	if n, _ := strconv.Atoi(strings.TrimSpace(string(r.Stdout))); n < 1 || n > 5 {
 		t.Fatalf("with conn_rate 2/s, %d of 8 immediate connections succeeded", n)
 	}
-	// Egress bytes: a 4 KB upload passes the 2 KB limit; the next is refused.
+	// Egress bytes: a request within the 2 KB limit reaches the server
+	// (the control); a 35 KB upload passes the limit; the next is refused.
 	eb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: allow, MaxEgress: 2048}})
+	out, _ := curl(t, e, eb.ID, "--noproxy", "*", "http://allowed.test/")
+	reached(t, "a request within max_egress", out, webGreeting)
 	curl(t, e, eb.ID, "--noproxy", "*", "--data-binary", "@/usr/share/common-licenses/GPL-3", "http://allowed.test/")
-	if out, code := curl(t, e, eb.ID, "--noproxy", "*", "http://allowed.test/"); code == 0 && strings.Contains(out, "hello") {
+	from := len(netEvents(t, e, eb.ID))
+	out, _ = curl(t, e, eb.ID, "--noproxy", "*", "http://allowed.test/")
+	if strings.Contains(out, webGreeting) {
 		t.Fatalf("past max_egress: %s", out)
 	}
-	evs, _ := e.c.Events(ctx, client.EventFilter{Sandbox: eb.ID, Type: "net.connect"})
-	found := false
-	for _, ev := range evs {
-		found = found || strings.Contains(string(ev.Data), "egress byte limit")
-	}
-	if !found {
-		t.Fatal("no event explains the egress byte limit")
-	}
+	wantEventFrom(t, e, eb.ID, from, "the request past max_egress", func(ev egress.Event) bool {
+		return connectTo(inetAddr, 80)(ev) && ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, "egress byte limit reached (2048 bytes)")
+	})
 	// Bandwidth: 300 KB at 100 KB/s takes about 3 s.
 	bw := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: allow, Bandwidth: 100 << 10}})
 	start := time.Now()
