@@ -852,12 +852,21 @@ func wantEvent(t *testing.T, e *env, id, what string, match func(egress.Event) b
 // on (those logged after an earlier count of them).
 func wantEventFrom(t *testing.T, e *env, id string, from int, what string, match func(egress.Event) bool) {
 	t.Helper()
+	if msg := findEvent(t, e, id, from, what, match); msg != "" {
+		t.Fatal(msg)
+	}
+}
+
+// findEvent waits up to 5 s for an event of the sandbox's, from the
+// from'th on, to match; it returns "" or why none did, listing them.
+func findEvent(t *testing.T, e *env, id string, from int, what string, match func(egress.Event) bool) string {
+	t.Helper()
 	var evs []egress.Event
 	for i := 0; i < 50; i++ {
 		evs = netEvents(t, e, id)
 		for _, ev := range evs[min(from, len(evs)):] {
 			if match(ev) {
-				return
+				return ""
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -866,7 +875,7 @@ func wantEventFrom(t *testing.T, e *env, id string, from int, what string, match
 	for _, ev := range evs {
 		fmt.Fprintf(&b, "  %s %s %s %s:%d %s: %s [process %q, unknown %q]\n", ev.Kind, ev.Name, ev.QType, ev.Addr, ev.Port, ev.Verdict, ev.Reason, ev.Process, ev.ProcessUnknown)
 	}
-	t.Fatalf("no event for %s in:\n%s", what, b.String())
+	return fmt.Sprintf("no event for %s in:\n%s", what, b.String())
 }
 
 // Negative checks. Each "cannot reach X" first shows X answering from a
@@ -888,15 +897,19 @@ func reached(t *testing.T, what, out, answer string) {
 
 // refused fails unless out (what the sandbox got trying the target) lacks
 // answer and the sandbox's log holds a denial matching, whose reason
-// contains reason.
+// contains reason. The test goes on (the other cases of a table get
+// checked too).
 func refused(t *testing.T, e *env, id, what, out, answer, reason string, match func(egress.Event) bool) {
 	t.Helper()
 	if answer != "" && strings.Contains(out, answer) {
-		t.Fatalf("%s: reached the target: %s", what, out)
+		t.Errorf("%s: reached the target: %s", what, out)
+		return
 	}
-	wantEvent(t, e, id, fmt.Sprintf("%s (a denial with reason %q; the sandbox got %q)", what, reason, out), func(ev egress.Event) bool {
+	if msg := findEvent(t, e, id, 0, fmt.Sprintf("%s (a denial with reason %q; the sandbox got %q)", what, reason, out), func(ev egress.Event) bool {
 		return ev.Verdict == egress.VerdictDeny && strings.Contains(ev.Reason, reason) && match(ev)
-	})
+	}); msg != "" {
+		t.Error(msg)
+	}
 }
 
 // connectTo matches a connection event to addr:port.
