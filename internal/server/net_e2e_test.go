@@ -1381,7 +1381,10 @@ def via(target, host):
             body += d
     except OSError as e:
         return "error " + str(e)
-    return body.decode(errors="replace").split("\r\n\r\n")[-1] or "closed without an answer"
+    text = body.decode(errors="replace")
+    if text.startswith("HTTP/"): # an HTTP answer: its body
+        text = text.split("\r\n\r\n", 1)[-1]
+    return text.replace("\n", " ") or "closed without an answer"
 print("allowed:", via("` + inetAddr + `:80", "allowed.test"))
 print("denied-name:", via("` + inetAddr + `:80", "other.test"))
 print("denied-raw:", via("` + inetAddr + `:2222", ""))
