@@ -404,46 +404,44 @@ func TestNetworkPolicy(t *testing.T) {
 	loPort, loAccepted := hostListener(t, "tcp4", "127.0.0.1:0")
 	_, _, proxyPort := in.nw.Ports()
 	explicitProxy := fmt.Sprintf("http://%s:%d", gw, proxyPort)
-	fromCtl := func(args ...string) func() string { return curlFrom(t, e, ctl.ID, args...) }
 	for _, c := range []struct {
 		what    string
 		args    []string      // curl in sb
-		control func() string // what a position allowed to reach the target gets; nil: none possible (see why)
+		ctl     bool          // the control: the same curl in ctl
+		control func() string // else what a position allowed to reach the target gets; nil: none possible (see why)
 		answer  string        // what the target answers
 		reason  string        // in the denial's reason
 		match   func(egress.Event) bool
 	}{
 		{"another name", []string{"--noproxy", "*", "--resolve", "other.test:80:" + inetAddr, "http://other.test/"},
-			fromCtl("--noproxy", "*", "--resolve", "other.test:80:"+inetAddr, "http://other.test/"),
-			webGreeting + ", host other.test", "name not in allow list", connectNamed("other.test")},
+			true, nil, webGreeting + ", host other.test", "name not in allow list", connectNamed("other.test")},
 		{"an IP literal", []string{"--noproxy", "*", "http://" + inetAddr + "/"},
-			fromCtl("--noproxy", "*", "http://"+inetAddr+"/"),
-			webGreeting, "address " + inetAddr + " not in allow-cidr", connectTo(inetAddr, 80)},
+			true, nil, webGreeting, "address " + inetAddr + " not in allow-cidr", connectTo(inetAddr, 80)},
 		{"a decimal literal through the explicit proxy", []string{"-x", explicitProxy, "http://3325256714/"},
-			fromCtl("-x", explicitProxy, "http://3325256714/"),
-			webGreeting, "address " + inetAddr + " not in allow-cidr", connectTo(inetAddr, 80)},
+			true, nil, webGreeting, "address " + inetAddr + " not in allow-cidr", connectTo(inetAddr, 80)},
 		// No control: 10.1.2.3 is outside the test's namespaces. The name
 		// is allowed, so only the resolved address can be the reason.
 		{"an allowed name resolving to a private address", []string{"--noproxy", "*", "--resolve", "private.test:80:" + inetAddr, "http://private.test/"},
-			nil, webGreeting, "private 10.0.0.0/8", connectNamed("private.test")},
+			false, nil, webGreeting, "private 10.0.0.0/8", connectNamed("private.test")},
 		// No control: the metadata address is never dialed from here.
 		{"the metadata address", []string{"--noproxy", "*", "http://169.254.169.254/"},
-			nil, "", "cloud metadata service", connectTo("169.254.169.254", 80)},
+			false, nil, "", "cloud metadata service", connectTo("169.254.169.254", 80)},
 		{"an allowed name resolving to the metadata address", []string{"--noproxy", "*", "--resolve", "metadata.test:80:" + inetAddr, "http://metadata.test/"},
-			nil, webGreeting, "cloud metadata service", connectNamed("metadata.test")},
+			false, nil, webGreeting, "cloud metadata service", connectNamed("metadata.test")},
 		{"the gateway", []string{"--noproxy", "*", "--http0.9", fmt.Sprintf("http://%s:%d/", gw, gwPort)},
-			func() string { return hostControl(t, fmt.Sprintf("%s:%d", gw, gwPort), gwAccepted) },
+			false, func() string { return hostControl(t, fmt.Sprintf("%s:%d", gw, gwPort), gwAccepted) },
 			hostGreeting, "is the host", connectTo(gw, gwPort)},
 		{"a look-alike name", []string{"--noproxy", "*", "--resolve", "evilallowed.test:80:" + inetAddr, "http://evilallowed.test/"},
-			fromCtl("--noproxy", "*", "--resolve", "evilallowed.test:80:"+inetAddr, "http://evilallowed.test/"),
-			webGreeting + ", host evilallowed.test", "name not in allow list", connectNamed("evilallowed.test")},
+			true, nil, webGreeting + ", host evilallowed.test", "name not in allow list", connectNamed("evilallowed.test")},
 		{"raw tcp", []string{"--noproxy", "*", "telnet://" + inetAddr + ":2222"},
-			fromCtl("--noproxy", "*", "telnet://"+inetAddr+":2222"),
-			echoGreeting, "address " + inetAddr + " not in allow-cidr", connectTo(inetAddr, 2222)},
+			true, nil, echoGreeting, "address " + inetAddr + " not in allow-cidr", connectTo(inetAddr, 2222)},
 		{"the host's loopback, a hex literal through the explicit proxy", []string{"--noproxy", "", "-x", explicitProxy, "--http0.9", fmt.Sprintf("http://0x7f000001:%d/", loPort)},
-			func() string { return hostControl(t, fmt.Sprintf("127.0.0.1:%d", loPort), loAccepted) },
+			false, func() string { return hostControl(t, fmt.Sprintf("127.0.0.1:%d", loPort), loAccepted) },
 			hostGreeting, "loopback", func(ev egress.Event) bool { return ev.Kind == egress.KindConnect && ev.Port == loPort }},
 	} {
+		if c.ctl {
+			c.control = curlFrom(t, e, ctl.ID, c.args...)
+		}
 		if c.control != nil {
 			reached(t, c.what, c.control(), c.answer)
 		}
@@ -938,18 +936,22 @@ func hostListener(t *testing.T, network, addr string) (int, chan string) {
 	}
 	t.Cleanup(func() { ln.Close() })
 	accepted := make(chan string, 100)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c.RemoteAddr().String()
-			io.WriteString(c, hostGreeting+"\n")
-			c.Close()
-		}
-	}()
+	go greetAll(ln, accepted)
 	return ln.Addr().(*net.TCPAddr).Port, accepted
+}
+
+// greetAll accepts ln's connections until it closes, sending each source
+// to accepted and hostGreeting to the connection.
+func greetAll(ln net.Listener, accepted chan<- string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		accepted <- c.RemoteAddr().String()
+		io.WriteString(c, hostGreeting+"\n")
+		c.Close()
+	}
 }
 
 // hostControl dials a hostListener from the host (the control: the host
@@ -1622,16 +1624,7 @@ func TestNetworkGatewayRefusalsLogged(t *testing.T) {
 			}
 		}
 		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				accepted <- c.RemoteAddr().String()
-				c.Close()
-			}
-		}()
+		go greetAll(ln, accepted)
 	}
 	// The control: the host reaches each.
 	for _, a := range targets {
