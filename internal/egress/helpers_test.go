@@ -95,9 +95,17 @@ func (l *eventLog) all() []Event {
 // wait returns the first event matching pred, waiting up to 5 s.
 func (l *eventLog) wait(t testing.TB, what string, pred func(Event) bool) Event {
 	t.Helper()
+	return l.waitFrom(t, 0, what, pred)
+}
+
+// waitFrom is wait among the events from the from'th on (those logged
+// after an earlier len(l.all())).
+func (l *eventLog) waitFrom(t testing.TB, from int, what string, pred func(Event) bool) Event {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		for _, e := range l.all() {
+		evs := l.all()
+		for _, e := range evs[min(from, len(evs)):] {
 			if pred(e) {
 				return e
 			}

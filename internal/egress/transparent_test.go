@@ -81,14 +81,21 @@ func TestTransparentHTTPHost(t *testing.T) {
 	h.log.wait(t, "HTTP allowed", func(e Event) bool {
 		return e.Name == "web.example.com" && e.Verdict == VerdictAllow && e.BytesIn > 0
 	})
-	for _, host := range []string{"no.example.com", "example.com", "web.example.com@evil.com", "web.example.com%00x"} {
-		if body, _ := send(host); body != "" {
-			t.Errorf("Host %q got an answer: %q", host, body)
+	// Refused Hosts, each logged with its reason (the control: a's answer above).
+	for _, c := range []struct{ host, why string }{
+		{"no.example.com", "denied by rule no.example.com"},
+		{"example.com", "name not in allow list"},
+		{"web.example.com@evil.com", "no name (http: invalid character in host)"},
+		{"web.example.com%00x", "no name (http: invalid character in host)"},
+	} {
+		from := len(h.log.all())
+		if body, _ := send(c.host); body != "" {
+			t.Errorf("Host %q got an answer: %q", c.host, body)
 		}
+		h.log.waitFrom(t, from, "Host "+c.host+" denied", func(e Event) bool {
+			return e.Verdict == VerdictDeny && strings.Contains(e.Reason, c.why)
+		})
 	}
-	h.log.wait(t, "deny rule", func(e Event) bool {
-		return e.Name == "no.example.com" && e.Verdict == VerdictDeny && strings.Contains(e.Reason, "denied by rule")
-	})
 	// The Host the client gives, not the address it dialed, decides; an
 	// absolute URI that disagrees with the Host header is refused.
 	c, _ := h.dialTransparent(a.addr)
@@ -97,6 +104,9 @@ func TestTransparentHTTPHost(t *testing.T) {
 		t.Errorf("conflicting hosts answered: %q", b)
 	}
 	c.Close()
+	h.log.wait(t, "conflicting hosts denied", func(e Event) bool {
+		return e.Verdict == VerdictDeny && strings.Contains(e.Reason, "Host header differs from the request target")
+	})
 }
 
 // DNS rebinding: the name resolved to one address for the sandbox and to
@@ -220,9 +230,19 @@ func TestTransparentRawTCP(t *testing.T) {
 	}
 	// An IP literal in Host is no name: raw rules apply to where it goes.
 	other := startEcho(t, "127.0.0.5", "")
-	if try(other.addr, "GET / HTTP/1.1\r\nHost: 127.0.0.2\r\n\r\n", "GET") {
+	literal := "GET / HTTP/1.1\r\nHost: 127.0.0.2\r\n\r\n"
+	cidrs := h.pol.Load().AllowCIDR
+	h.setPolicy(Policy{Mode: ModeAllow, AllowCIDR: append(append([]netip.Prefix{}, cidrs...), netip.MustParsePrefix("127.0.0.5/32"))})
+	if !try(other.addr, literal, "GET") { // the control
+		t.Fatal("IP literal Host to a CIDR address refused")
+	}
+	h.setPolicy(Policy{Mode: ModeAllow, AllowCIDR: cidrs})
+	if try(other.addr, literal, "GET") {
 		t.Fatal("IP literal Host got through to a non-CIDR address")
 	}
+	h.log.wait(t, "IP literal Host denied", func(e Event) bool {
+		return e.Verdict == VerdictDeny && e.Addr == "127.0.0.5" && strings.Contains(e.Reason, "address 127.0.0.5 not in allow-cidr")
+	})
 	// Open mode: a public address is allowed raw, a blocked one is not.
 	h.setPolicy(Policy{Mode: ModeOpen})
 	if !try(echo.addr, "x", "x") {
@@ -243,6 +263,25 @@ func TestTransparentRawTCP(t *testing.T) {
 func TestTransparentDenials(t *testing.T) {
 	h := newHarness(t, Policy{Mode: ModeOpen}, nil)
 	echo := startEcho(t, "127.0.0.2", "")
+	// The controls: the host reaches a listener on a host address (the
+	// proxies answer every other test), and open mode reaches the echo.
+	host := startEcho(t, sandboxSrc.String(), "host\n")
+	if c, err := net.DialTimeout("tcp", host.addr.String(), 5*time.Second); err != nil {
+		t.Fatalf("control: the host cannot reach its own listener: %v", err)
+	} else {
+		c.Close()
+	}
+	if c, err := h.dialTransparent(echo.addr); err != nil {
+		t.Fatal(err)
+	} else {
+		io.WriteString(c, "x")
+		b, _ := readAllTimeout(c, 2*time.Second)
+		c.Close()
+		if !strings.HasPrefix(string(b), "x") {
+			t.Fatalf("control: open mode did not reach the echo: %q", b)
+		}
+	}
+	echoed, hosted := echo.accepted.Load(), host.accepted.Load()
 	cases := []struct {
 		name  string
 		local string
@@ -251,7 +290,7 @@ func TestTransparentDenials(t *testing.T) {
 	}{
 		{"the proxy itself", "", addrPortOf(h.tproxy.Addr()), "is the host"},
 		{"the explicit proxy", "", addrPortOf(h.eproxy.Addr()), "is the host"},
-		{"a host address", "", netip.AddrPortFrom(sandboxSrc, 22), "is the host"},
+		{"a host address", "", host.addr, "is the host"},
 		{"unknown source", "127.0.0.9", echo.addr, "unknown source"},
 	}
 	for _, c := range cases {
@@ -276,7 +315,7 @@ func TestTransparentDenials(t *testing.T) {
 	}
 	conn.Close()
 	h.log.wait(t, "mode none", func(e Event) bool { return e.Reason == "egress mode none" })
-	if echo.accepted.Load() != 0 {
+	if echo.accepted.Load() != echoed || host.accepted.Load() != hosted {
 		t.Error("a denied connection reached the upstream")
 	}
 	// Config.Deny beats AllowCIDR.
@@ -288,6 +327,12 @@ func TestTransparentDenials(t *testing.T) {
 		t.Error("Config.Deny ignored")
 	}
 	conn.Close()
+	h3.log.wait(t, "Config.Deny", func(e Event) bool {
+		return e.Verdict == VerdictDeny && e.Addr == echo.addr.Addr().String() && strings.Contains(e.Reason, "is the host")
+	})
+	if echo.accepted.Load() != echoed {
+		t.Error("a connection Config.Deny refuses reached the upstream")
+	}
 }
 
 func TestTransparentLimits(t *testing.T) {
