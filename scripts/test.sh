@@ -27,8 +27,11 @@ test -z "$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 before=$(mktemp)
 trap 'rm -f "$before"' EXIT
 scripts/leftovers.sh snap "$before"
-go test -count=1 -timeout 15m ./...
+go test -count=1 -timeout 30m ./...
 # The gvisor tier with Debian's 2022 runsc too (the tests above use the
 # current one scripts/deps.sh puts in /usr/local/bin).
 DEN_RUNSC=/usr/bin/runsc go test -count=1 -timeout 5m ./internal/isolate/gvisor/
+# Every fuzz target for a few seconds each on top of the seed replay above
+# (a crasher stays in the package's testdata/fuzz as a seed).
+DEN_FUZZTIME=${DEN_FUZZTIME:-5s} scripts/fuzz.sh
 scripts/leftovers.sh check "$before"
