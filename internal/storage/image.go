@@ -64,6 +64,10 @@ func findMkfs() (string, error) {
 	return "", errors.New("mkfs.btrfs not found (install btrfs-progs)")
 }
 
+// btrfsCheck is what Open asks whether btrfs can be used: btrfsPossible,
+// or in tests a host without it (so that the fallback runs as root too).
+var btrfsCheck = btrfsPossible
+
 // btrfsPossible says why a btrfs image cannot be used here, or "" if it can.
 func btrfsPossible() string {
 	if os.Geteuid() != 0 {

@@ -122,7 +122,7 @@ func openBtrfs(dir string, size int64) (s *Store, err error) {
 			}
 			return err
 		}
-		if why := btrfsPossible(); why != "" {
+		if why := btrfsCheck(); why != "" {
 			return nil, wrap(errors.New(why))
 		}
 		if !exists {
