@@ -74,7 +74,7 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 		t.Fatal(err)
 	}
 	base := "http://" + strings.TrimPrefix(te.addr, "tcp://")
-	hs := httptest.NewServer(te.srv.PreviewHost("preview.test", te.srv.Authenticate(te.srv, testAdminToken)))
+	hs := httptest.NewServer(te.srv.PreviewHost(te.srv.Authenticate(te.srv, testAdminToken), "preview.test"))
 	defer hs.Close()
 	hc := &http.Client{Timeout: time.Minute}
 
