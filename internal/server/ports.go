@@ -183,9 +183,9 @@ func (s *Server) PreviewHost(next http.Handler, domains ...string) http.Handler 
 // domains, then id and port are the preview's, or empty and 0 when the
 // host is malformed.
 func previewHost(host string, domains []string) (id string, port int, ok bool) {
-	name, hport := strings.ToLower(host), ""
+	name, hport, colon := strings.ToLower(host), "", false
 	if i := strings.LastIndexByte(name, ':'); i >= 0 && !strings.HasSuffix(name, "]") {
-		name, hport = name[:i], name[i+1:]
+		name, hport, colon = name[:i], name[i+1:], true
 	}
 	for _, d := range domains {
 		suffix := "." + strings.ToLower(d)
@@ -195,7 +195,7 @@ func previewHost(host string, domains []string) (id string, port int, ok bool) {
 		if strings.HasSuffix(name, ".") {
 			return "", 0, true
 		}
-		if hp, err := strconv.Atoi(hport); hport != "" && (err != nil || hp < 1 || hp > 65535 || strconv.Itoa(hp) != hport) {
+		if hp, err := strconv.Atoi(hport); colon && (err != nil || hp < 1 || hp > 65535 || strconv.Itoa(hp) != hport) {
 			return "", 0, true
 		}
 		portS, id, _ := strings.Cut(strings.TrimSuffix(name, suffix), "-")

@@ -21,9 +21,15 @@ func previewAnswer(t *testing.T, hc *http.Client, url, host string) string {
 	if host != "" {
 		req.Host = host
 	}
+	return answerOf(t, hc, req)
+}
+
+// answerOf is previewAnswer for a request made by hand.
+func answerOf(t *testing.T, hc *http.Client, req *http.Request) string {
+	t.Helper()
 	resp, err := hc.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s (Host %s): %v", url, host, err)
+		t.Fatalf("GET %s (Host %s): %v", req.URL, req.Host, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
