@@ -167,7 +167,9 @@ func dropCookie(h http.Header, name string) {
 // (empty ones ignored), to the preview proxy; other requests go to next.
 // A host under a preview domain that is not exactly PORT-ID.DOMAIN, with
 // an optional :port (a trailing dot, a port written otherwise than den
-// writes it, a bad :port) is refused like any other preview.
+// writes it, a bad :port) is refused like any other preview. Under
+// localhost, which other names share, only names whose label before
+// .localhost starts with a digit are previews.
 func (s *Server) PreviewHost(next http.Handler, domains ...string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, port, ok := previewHost(r.Host, domains)
@@ -189,7 +191,12 @@ func previewHost(host string, domains []string) (id string, port int, ok bool) {
 	}
 	for _, d := range domains {
 		suffix := "." + strings.ToLower(d)
-		if d == "" || !strings.HasSuffix(strings.TrimSuffix(name, "."), suffix) {
+		rest, under := strings.CutSuffix(strings.TrimSuffix(name, "."), suffix)
+		label := rest[strings.LastIndexByte(rest, '.')+1:]
+		if d == "" || !under || d == "localhost" && (label == "" || label[0] < '0' || label[0] > '9') {
+			// *.localhost is not den's alone: only names whose label
+			// before it starts with a digit are previews there; a
+			// preview domain is all previews.
 			continue
 		}
 		if strings.HasSuffix(name, ".") {
@@ -198,7 +205,7 @@ func previewHost(host string, domains []string) (id string, port int, ok bool) {
 		if hp, err := strconv.Atoi(hport); colon && (err != nil || hp < 1 || hp > 65535 || strconv.Itoa(hp) != hport) {
 			return "", 0, true
 		}
-		portS, id, _ := strings.Cut(strings.TrimSuffix(name, suffix), "-")
+		portS, id, _ := strings.Cut(rest, "-")
 		p, err := strconv.Atoi(portS)
 		if err != nil || strconv.Itoa(p) != portS {
 			return "", 0, true

@@ -259,13 +259,19 @@ func TestPreviewBadInput(t *testing.T) {
 		"a port with a sign":        host + ":+" + e.port,
 		"no port after the colon":   host + ":",
 		"the port written 08000":    "08000-" + sb.ID + ".localhost",
-		"the port written +8000":    "+8000-" + sb.ID + ".localhost",
 		"a sub-domain of a preview": "x." + host,
 		"the id's 12-digit prefix":  "8000-" + sb.ID[:12] + ".localhost",
 	} {
 		if got := previewAnswer(t, hc, e.tcpBase+"/headers?den_token="+p.Token, h); got != refusal {
 			t.Errorf("Host %q (%s): %s\nwant the refusal %s", h, what, got, refusal)
 		}
+	}
+	// *.localhost is not den's alone: other names there reach the API.
+	r0, _ := http.NewRequest("GET", e.tcpBase+"/v1/info", nil)
+	r0.Host = "den.localhost:" + e.port
+	r0.Header.Set("Authorization", "Bearer "+testAdminToken)
+	if got := answerOf(t, hc, r0); !strings.HasPrefix(got, "200\n") || !strings.Contains(got, `"listeners"`) {
+		t.Errorf("the API at den.localhost: %s", got)
 	}
 	// Another sandbox's token, in the URL, the header or the cookie.
 	for what, req := range map[string]func() *http.Request{

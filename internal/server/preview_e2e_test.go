@@ -113,12 +113,15 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 		"the admin's API token": p.Path + "?den_token=" + testAdminToken,
 	}
 	hosts := map[string]string{
-		"host: unknown":           "8000-nosuchbox.preview.test",
-		"host: a name":            "8000-alicebox.preview.test",
-		"host: a 12-digit prefix": "8000-" + sb.ID[:12] + ".preview.test",
-		"host: no token":          "8000-" + sb.ID + ".preview.test",
-		"host: unshared port":     "9000-" + sb.ID + ".preview.test",
-		"host: garbage":           "x.preview.test",
+		"host: unknown":            "8000-nosuchbox.preview.test",
+		"host: a name":             "8000-alicebox.preview.test",
+		"host: a 12-digit prefix":  "8000-" + sb.ID[:12] + ".preview.test",
+		"host: no token":           "8000-" + sb.ID + ".preview.test",
+		"host: unshared port":      "9000-" + sb.ID + ".preview.test",
+		"host: garbage":            "x.preview.test",
+		"host: trailing dot":       "8000-" + sb.ID + ".preview.test.",
+		"host: bad port":           "8000-" + sb.ID + ".preview.test:http",
+		"host: port written +8000": "+8000-" + sb.ID + ".preview.test",
 	}
 	var want, wantFrom string
 	check := func(what, got string) {
