@@ -6,11 +6,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -78,19 +75,7 @@ func newTCPFake(t *testing.T, unix bool) *tcpFake {
 	})
 	srv := httptest.NewUnstartedServer(mux)
 	if unix {
-		dir, err := os.MkdirTemp("", "denc")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		sock := filepath.Join(dir, "den.sock")
-		l, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv.Listener.Close()
-		srv.Listener = l
-		f.host = "unix://" + sock
+		f.host = "unix://" + onUnixSocket(t, srv)
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
@@ -179,19 +164,8 @@ func TestPreviewURLs(t *testing.T) {
 	domain := &api.Preview{Port: 5173, Token: "t", Path: "/preview/" + id + "/5173/", Host: "5173-" + id + ".dev.example.com"}
 	// Daemons on unix sockets, answering GET /v1/info with their listeners.
 	sockWith := func(listeners ...string) string {
-		dir, err := os.MkdirTemp("", "denc")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		sock := filepath.Join(dir, "den.sock")
-		l, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
 		srv := httptest.NewUnstartedServer(jsonAnswer(200, api.Info{Listeners: listeners}))
-		srv.Listener.Close()
-		srv.Listener = l
+		sock := onUnixSocket(t, srv)
 		srv.Start()
 		t.Cleanup(srv.Close)
 		return sock

@@ -132,6 +132,21 @@ func (e *previewEnv) startDevServer(t *testing.T, id string, port, base string) 
 	t.Fatalf("the dev server on port %s does not listen", port)
 }
 
+// share shares port of sandbox id, private, and returns its URLs as the
+// client over the unix socket makes them.
+func (e *previewEnv) share(t *testing.T, id string, port int) (*api.Preview, client.PreviewLinks) {
+	t.Helper()
+	p, err := e.c.SharePort(context.Background(), id, port, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := e.c.PreviewURLs(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, l
+}
+
 // dumpDOM opens url in headless Chromium (Debian's chromium package,
 // scripts/deps.sh) and returns the DOM once the page has loaded.
 func dumpDOM(t *testing.T, url string) string {
@@ -164,14 +179,7 @@ func TestPreviewDevServer(t *testing.T) {
 	ctx := context.Background()
 	sb := e.create(t, api.CreateRequest{})
 	e.startDevServer(t, sb.ID, "8000", "")
-	p, err := e.c.SharePort(ctx, sb.ID, 8000, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := e.c.PreviewURLs(ctx, p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, l := e.share(t, sb.ID, 8000)
 	wantHost := "http://8000-" + sb.ID + ".localhost:" + e.port + "/?den_token=" + p.Token
 	if l.HostURL != wantHost || l.PathURL != e.tcpBase+p.Path+"?den_token="+p.Token || l.URL() != wantHost {
 		t.Fatalf("over the unix socket, the preview URLs are %+v, want the host form %s first, on the TCP listener", l, wantHost)
@@ -189,14 +197,7 @@ func TestPreviewDevServer(t *testing.T) {
 	// vite --base /preview/ID/PORT/: at the path URL, no redirect loop.
 	base := strings.TrimSuffix(p.Path, "/8000/") + "/8001"
 	e.startDevServer(t, sb.ID, "8001", base)
-	q, err := e.c.SharePort(ctx, sb.ID, 8001, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ql, err := e.c.PreviewURLs(ctx, q)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ql := e.share(t, sb.ID, 8001)
 	if dom := dumpDOM(t, ql.PathURL); !strings.Contains(dom, ran) || !strings.Contains(dom, echoed) {
 		t.Fatalf("a server with base %s at the path URL %s in a browser:\n%s", base, ql.PathURL, dom)
 	}
@@ -225,18 +226,11 @@ func TestPreviewDevServer(t *testing.T) {
 // the uniform refusal; proxy headers a client sends are replaced by den's.
 func TestPreviewBadInput(t *testing.T) {
 	e := newPreviewEnv(t)
-	ctx := context.Background()
 	sb := e.create(t, api.CreateRequest{})
 	other := e.create(t, api.CreateRequest{})
 	e.startDevServer(t, sb.ID, "8000", "")
-	p, err := e.c.SharePort(ctx, sb.ID, 8000, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := e.c.SharePort(ctx, other.ID, 8000, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _ := e.share(t, sb.ID, 8000)
+	q, _ := e.share(t, other.ID, 8000)
 	hc := &http.Client{Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	host := "8000-" + sb.ID + ".localhost"
 	refusal := previewAnswer(t, hc, e.tcpBase+"/preview/nosuchbox/8000/", "")
