@@ -98,9 +98,7 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, id string,
 				pr.Out.URL.Path = "/" + strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, prefix), "/")
 				pr.Out.URL.RawPath = ""
 			}
-			q := pr.Out.URL.Query()
-			q.Del("den_token")
-			pr.Out.URL.RawQuery = q.Encode()
+			pr.Out.URL.RawQuery = withoutToken(pr.Out.URL.Query())
 			pr.Out.Header.Del("X-Den-Token")
 			pr.Out.Header.Del("Authorization")
 			dropCookie(pr.Out.Header, cookie)
@@ -120,7 +118,7 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, id string,
 			DisableCompression: true,
 		},
 		ModifyResponse: func(resp *http.Response) error {
-			if strip && redirectsTo(resp, r.Host, r.URL.Path) {
+			if strip && redirectsTo(resp, r.Host, r.URL.Path, withoutToken(r.URL.Query())) {
 				// Stripped, the server sends the browser back to the
 				// path it asked for: it serves under the prefix itself
 				// (Vite's --base, Jupyter's base_url). The browser
@@ -138,13 +136,20 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, id string,
 	rp.ServeHTTP(w, r)
 }
 
-// redirectsTo reports whether resp is a redirect to path on host.
-func redirectsTo(resp *http.Response, host, path string) bool {
+// redirectsTo reports whether resp is a redirect to path?query on host:
+// back to the URL the browser asked for (its token aside).
+func redirectsTo(resp *http.Response, host, path, query string) bool {
 	if resp.StatusCode < 300 || resp.StatusCode > 399 {
 		return false
 	}
 	loc, err := url.Parse(resp.Header.Get("Location"))
-	return err == nil && (loc.Host == "" || loc.Host == host) && loc.Path == path
+	return err == nil && (loc.Host == "" || loc.Host == host) && loc.Path == path && withoutToken(loc.Query()) == query
+}
+
+// withoutToken is a query without den_token, encoded.
+func withoutToken(q url.Values) string {
+	q.Del("den_token")
+	return q.Encode()
 }
 
 // dropCookie removes the cookie name from a request's Cookie headers: the

@@ -24,10 +24,10 @@ import (
 // script writes into the DOM and opens a WebSocket to a root-relative path
 // (BASE/ws), which echoes. Given a BASE (argv 1), it serves under it only
 // and redirects / there (as vite --base does); /headers shows the proxy
-// headers it got. The page's load event waits (done.gif) until the
+// headers it got, /go?to=URL redirects to URL. The page's load event waits (done.gif) until the
 // script has written the echo (ack), so a browser's --dump-dom shows it.
 const devServer = `
-import base64, hashlib, http.server, json, sys, threading
+import base64, hashlib, http.server, json, sys, threading, urllib.parse
 BASE, PORT = sys.argv[1], int(sys.argv[2])
 ack = threading.Event()
 PAGE = ('<html><body><div id="out">none</div><div id="ws">no echo</div>'
@@ -60,6 +60,8 @@ class H(http.server.BaseHTTPRequestHandler):
             ack.set(); return self.reply(204)
         if path == "/done.gif":
             ack.wait(60); return self.reply(204)
+        if path == "/go":
+            return self.reply(302, extra=[("Location", urllib.parse.unquote(self.path.split("to=", 1)[1]))])
         if path == "/headers":
             h = {k: self.headers.get_all(k) for k in ("Host", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
                  "X-Forwarded-Prefix", "X-Forwarded-Port", "Forwarded", "X-Real-Ip", "Cookie")}
@@ -346,5 +348,16 @@ func TestPreviewBadInput(t *testing.T) {
 		if string(gotJSON) != string(wantJSON) {
 			t.Errorf("Host %s, the server inside got\n%s\nwant\n%s", tc.host, gotJSON, wantJSON)
 		}
+	}
+
+	// A redirect to the path asked for with another query is no sign
+	// that the server serves under the prefix: the path preview still
+	// strips it.
+	to := p.Path + "go"
+	if got := previewAnswer(t, hc, e.tcpBase+p.Path+"go?den_token="+p.Token+"&to="+to, ""); !strings.HasPrefix(got, "302\n") || !strings.Contains(got, "Location: "+to+"\n") {
+		t.Fatalf("the redirect: %s", got)
+	}
+	if got := previewAnswer(t, hc, e.tcpBase+p.Path+"headers?den_token="+p.Token, ""); !strings.Contains(got, `"path": "/headers"`) {
+		t.Fatalf("after a redirect to the same path with another query, the prefix is no longer stripped: %s", got)
 	}
 }
