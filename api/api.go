@@ -327,6 +327,13 @@ type Info struct {
 	DefaultDisk    Size `json:"default_disk,omitempty"`
 	// Network says whether sandboxes can have networked modes.
 	Network bool `json:"network"`
+	// Listeners are the addresses the daemon serves, like
+	// tcp://127.0.0.1:7420 and unix:///run/den/den.sock: a client on the
+	// unix socket finds there the TCP listener a browser reaches previews on.
+	Listeners []string `json:"listeners,omitempty"`
+	// PreviewDomain is the domain of host-name previews (PORT-ID.DOMAIN):
+	// --preview-domain, or localhost (see Preview.Host).
+	PreviewDomain string `json:"preview_domain,omitempty"`
 	// SSH describes den's SSH gateway while it runs (den serve --ssh).
 	SSH *SSHGateway `json:"ssh,omitempty"`
 }
@@ -484,6 +491,9 @@ type SecretHeader struct {
 type PortRequest struct {
 	Port   int  `json:"port"`
 	Public bool `json:"public,omitempty"` // no token needed
+	// Rotate gives a private port that is already shared a new token (the
+	// old one stops working); without it sharing again keeps the token.
+	Rotate bool `json:"rotate,omitempty"`
 }
 
 // Preview is a port of a sandbox shared through den's reverse proxy.
@@ -492,8 +502,12 @@ type Preview struct {
 	Public bool   `json:"public,omitempty"`
 	Token  string `json:"token,omitempty"` // for private previews
 	// Path is the preview's path on the daemon's listener (add the token
-	// as ?den_token= or the X-Den-Token header); Host, when the daemon has
-	// a preview domain, is the host name form PORT-ID.DOMAIN.
+	// as ?den_token= or the X-Den-Token header); Host is the host name
+	// form PORT-ID.DOMAIN, where the preview is the site's root (what dev
+	// servers with root-relative URLs need): DOMAIN is the daemon's
+	// --preview-domain, or localhost when it listens on TCP on this
+	// host's loopback (browsers resolve *.localhost there), reached on
+	// that listener's port.
 	Path string `json:"path"`
 	Host string `json:"host,omitempty"`
 }

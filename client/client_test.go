@@ -100,19 +100,7 @@ func newFake(t *testing.T, unix bool) *fake {
 	})
 	f.srv = httptest.NewUnstartedServer(mux)
 	if unix {
-		dir, err := os.MkdirTemp("", "denc")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		sock := filepath.Join(dir, "den.sock")
-		l, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.srv.Listener.Close()
-		f.srv.Listener = l
-		f.host = "unix://" + sock
+		f.host = "unix://" + onUnixSocket(t, f.srv)
 	}
 	f.srv.Start()
 	t.Cleanup(f.srv.Close)
@@ -148,6 +136,25 @@ func (f *fake) reset(answer http.HandlerFunc) {
 	f.mu.Lock()
 	f.reqs, f.answer = nil, answer
 	f.mu.Unlock()
+}
+
+// onUnixSocket moves an unstarted test server to a unix socket of its own
+// (removed at the end of the test) and returns the socket's path.
+func onUnixSocket(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "denc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "den.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Listener.Close()
+	srv.Listener = l
+	return sock
 }
 
 func jsonAnswer(status int, v any) http.HandlerFunc {

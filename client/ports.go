@@ -20,7 +20,9 @@ import (
 //
 //	p, err := c.SharePort(ctx, id, 8000, false)
 //	...
-//	u, sock := c.PreviewURL(p) // http://127.0.0.1:7420/preview/ID/8000/?den_token=...
+//	l, err := c.PreviewURLs(ctx, p)
+//	// l.HostURL: http://8000-ID.localhost:7420/?den_token=... (the site's root)
+//	// l.PathURL: http://127.0.0.1:7420/preview/ID/8000/?den_token=...
 //
 // DialPort opens a raw TCP connection to it, for any protocol (den forward
 // listens locally and dials once per connection):
@@ -30,19 +32,25 @@ import (
 //	defer conn.Close()
 
 // SharePort shares a port of sandbox id through den's reverse proxy:
-// private (reached with the preview's token) unless public. Sharing a port
-// again replaces its token. The server may listen on 0.0.0.0 or only on the
-// sandbox's 127.0.0.1, and need not listen yet.
+// private (reached with the preview's token) unless public. Sharing a
+// private port again keeps its token (SharePortWith with Rotate makes a new
+// one). The server may listen on 0.0.0.0 or only on the sandbox's
+// 127.0.0.1, and need not listen yet.
 func (c *Client) SharePort(ctx context.Context, id string, port int, public bool) (*api.Preview, error) {
+	return c.SharePortWith(ctx, id, api.PortRequest{Port: port, Public: public})
+}
+
+// SharePortWith is SharePort with every option of the request.
+func (c *Client) SharePortWith(ctx context.Context, id string, req api.PortRequest) (*api.Preview, error) {
 	path, err := sandboxPath(id, "/ports")
 	if err != nil {
 		return nil, err
 	}
-	if err := checkPort(port); err != nil {
+	if err := checkPort(req.Port); err != nil {
 		return nil, err
 	}
 	var p api.Preview
-	if err := c.call(ctx, http.MethodPost, path, nil, api.PortRequest{Port: port, Public: public}, &p); err != nil {
+	if err := c.call(ctx, http.MethodPost, path, nil, req, &p); err != nil {
 		return nil, err
 	}
 	return &p, nil
@@ -113,32 +121,88 @@ func (p *portConn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// PreviewURL returns where a shared port is reached through the daemon
-// the client talks to: for a TCP or HTTP host the full URL,
-// http://HOST:PORT/preview/ID/PORT/ with ?den_token=TOKEN for a private
-// preview, and an empty sock.
-//
-// For a unix-socket host the preview is reachable only through the socket
-// (unless the daemon also listens on TCP): u is then the path and query
-// alone and sock the socket's path, as in
-//
-//	curl --unix-socket SOCK 'http://den/preview/ID/PORT/?den_token=TOKEN'
-//
-// With a preview domain the daemon also serves the preview at the root of
-// http://p.Host (see api.Preview), with the same token.
-func (c *Client) PreviewURL(p *api.Preview) (u, sock string) {
-	u = p.Path
+// PreviewLinks are the URLs a browser opens a shared port at, with the
+// token of a private preview (?den_token=; the daemon then keeps it in a
+// cookie for the page's other requests).
+type PreviewLinks struct {
+	// HostURL is the host-name form, http://PORT-ID.DOMAIN:LISTENPORT/, where
+	// the preview is the site's root, so pages that load /app.js or open
+	// WebSockets to root-relative paths work (dev servers: Vite, webpack,
+	// Next.js, Jupyter). Empty when this client has none it can use.
+	HostURL string `json:"host_url,omitempty"`
+	// PathURL is http://DAEMON/preview/ID/PORT/, for servers with relative
+	// links or configured with that base. With Socket set (a daemon on a
+	// unix socket only) it is the path and query alone, reached through
+	// the socket, as in
+	//
+	//	curl --unix-socket SOCK 'http://den/preview/ID/PORT/?den_token=TOKEN'
+	PathURL string `json:"path_url"`
+	Socket  string `json:"socket,omitempty"`
+}
+
+// URL is the one to open: HostURL when there is one, else PathURL.
+func (l PreviewLinks) URL() string {
+	if l.HostURL != "" {
+		return l.HostURL
+	}
+	return l.PathURL
+}
+
+// PreviewURLs returns where a shared port is reached through the daemon
+// the client talks to. Over a unix socket that is the daemon's TCP
+// listener on this host (from GET /v1/info), as a browser needs.
+func (c *Client) PreviewURLs(ctx context.Context, p *api.Preview) (PreviewLinks, error) {
+	q := ""
 	if !p.Public && p.Token != "" {
-		u += "?" + url.Values{"den_token": {p.Token}}.Encode()
+		q = "?" + url.Values{"den_token": {p.Token}}.Encode()
 	}
 	cfg, err := c.config()
 	if err != nil {
-		return u, ""
+		return PreviewLinks{}, err
 	}
-	if s, ok := strings.CutPrefix(cfg.display, "unix://"); ok {
-		return u, s
+	base := cfg.base
+	if sock, ok := strings.CutPrefix(cfg.display, "unix://"); ok {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return PreviewLinks{}, err
+		}
+		if base = localTCPBase(info.Listeners); base == "" {
+			return PreviewLinks{PathURL: p.Path + q, Socket: sock}, nil
+		}
 	}
-	return cfg.base + u, ""
+	l := PreviewLinks{PathURL: base + p.Path + q}
+	b, err := url.Parse(base)
+	if err == nil && p.Host != "" && (!strings.HasSuffix(p.Host, ".localhost") || isLoopback(b.Hostname())) {
+		h := p.Host
+		if b.Port() != "" {
+			h = net.JoinHostPort(h, b.Port())
+		}
+		l.HostURL = b.Scheme + "://" + h + "/" + q
+	}
+	return l, nil
+}
+
+// localTCPBase is the URL, on this host, of the first TCP listener among a
+// daemon's listeners (tcp://ADDR:PORT), or "".
+func localTCPBase(listeners []string) string {
+	for _, l := range listeners {
+		hp, ok := strings.CutPrefix(l, "tcp://")
+		host, port, err := net.SplitHostPort(hp)
+		if !ok || err != nil {
+			continue
+		}
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			host = "127.0.0.1" // listening on all addresses: loopback too
+		}
+		return "http://" + net.JoinHostPort(host, port)
+	}
+	return ""
+}
+
+// isLoopback reports whether host names this machine's loopback.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || strings.HasSuffix(host, ".localhost") || ip != nil && ip.IsLoopback()
 }
 
 // portPath returns /v1/sandboxes/{id}/ports/{port} plus suffix.

@@ -2,13 +2,12 @@ package client
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -76,19 +75,7 @@ func newTCPFake(t *testing.T, unix bool) *tcpFake {
 	})
 	srv := httptest.NewUnstartedServer(mux)
 	if unix {
-		dir, err := os.MkdirTemp("", "denc")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		sock := filepath.Join(dir, "den.sock")
-		l, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv.Listener.Close()
-		srv.Listener = l
-		f.host = "unix://" + sock
+		f.host = "unix://" + onUnixSocket(t, srv)
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
@@ -170,23 +157,49 @@ func TestDialPortErrors(t *testing.T) {
 	}
 }
 
-func TestPreviewURL(t *testing.T) {
-	private := &api.Preview{Port: 8000, Token: "a+b", Path: "/preview/0123456789abcdef/8000/"}
-	public := &api.Preview{Port: 3000, Public: true, Path: "/preview/0123456789abcdef/3000/"}
+func TestPreviewURLs(t *testing.T) {
+	const id = "0123456789abcdef0123456789abcdef"
+	private := &api.Preview{Port: 8000, Token: "a+b", Path: "/preview/" + id + "/8000/", Host: "8000-" + id + ".localhost"}
+	public := &api.Preview{Port: 3000, Public: true, Path: "/preview/" + id + "/3000/"}
+	domain := &api.Preview{Port: 5173, Token: "t", Path: "/preview/" + id + "/5173/", Host: "5173-" + id + ".dev.example.com"}
+	// Daemons on unix sockets, answering GET /v1/info with their listeners.
+	sockWith := func(listeners ...string) string {
+		srv := httptest.NewUnstartedServer(jsonAnswer(200, api.Info{Listeners: listeners}))
+		sock := onUnixSocket(t, srv)
+		srv.Start()
+		t.Cleanup(srv.Close)
+		return sock
+	}
+	loopback := sockWith("unix:///run/den/den.sock", "tcp://127.0.0.1:7420")
+	all := sockWith("tcp://0.0.0.0:7421")
+	only := sockWith("unix:///run/den/den.sock")
 	for _, tc := range []struct {
-		host    string
-		p       *api.Preview
-		u, sock string
+		host       string
+		p          *api.Preview
+		hostURL    string
+		path, sock string
 	}{
-		{"tcp://127.0.0.1:7420", private, "http://127.0.0.1:7420/preview/0123456789abcdef/8000/?den_token=a%2Bb", ""},
-		{"tcp://127.0.0.1:7420", public, "http://127.0.0.1:7420/preview/0123456789abcdef/3000/", ""},
-		{"https://den.example.com/", private, "https://den.example.com/preview/0123456789abcdef/8000/?den_token=a%2Bb", ""},
-		{"unix:///run/den/den.sock", private, "/preview/0123456789abcdef/8000/?den_token=a%2Bb", "/run/den/den.sock"},
-		{"/tmp/d.sock", public, "/preview/0123456789abcdef/3000/", "/tmp/d.sock"},
+		{"tcp://127.0.0.1:7420", private, "http://8000-" + id + ".localhost:7420/?den_token=a%2Bb", "http://127.0.0.1:7420/preview/" + id + "/8000/?den_token=a%2Bb", ""},
+		{"tcp://127.0.0.1:7420", public, "", "http://127.0.0.1:7420/preview/" + id + "/3000/", ""},
+		// A remote daemon's localhost is not this machine's: no host URL.
+		{"https://den.example.com/", private, "", "https://den.example.com/preview/" + id + "/8000/?den_token=a%2Bb", ""},
+		{"https://den.example.com/", domain, "https://5173-" + id + ".dev.example.com/?den_token=t", "https://den.example.com/preview/" + id + "/5173/?den_token=t", ""},
+		// Over the unix socket: the daemon's TCP listener, for browsers.
+		{"unix://" + loopback, private, "http://8000-" + id + ".localhost:7420/?den_token=a%2Bb", "http://127.0.0.1:7420/preview/" + id + "/8000/?den_token=a%2Bb", ""},
+		{loopback, public, "", "http://127.0.0.1:7420/preview/" + id + "/3000/", ""},
+		{"unix://" + all, private, "http://8000-" + id + ".localhost:7421/?den_token=a%2Bb", "http://127.0.0.1:7421/preview/" + id + "/8000/?den_token=a%2Bb", ""},
+		// No TCP listener: only through the socket.
+		{"unix://" + only, private, "", "/preview/" + id + "/8000/?den_token=a%2Bb", only},
 	} {
-		u, sock := New(tc.host).PreviewURL(tc.p)
-		if u != tc.u || sock != tc.sock {
-			t.Errorf("%s, port %d: %q %q, want %q %q", tc.host, tc.p.Port, u, sock, tc.u, tc.sock)
+		l, err := New(tc.host).PreviewURLs(context.Background(), tc.p)
+		if err != nil || l.HostURL != tc.hostURL || l.PathURL != tc.path || l.Socket != tc.sock {
+			t.Errorf("%s, port %d: %+v %v, want %q %q %q", tc.host, tc.p.Port, l, err, tc.hostURL, tc.path, tc.sock)
 		}
+		if want := cmp.Or(tc.hostURL, tc.path); l.URL() != want {
+			t.Errorf("%s, port %d: URL() %q, want %q", tc.host, tc.p.Port, l.URL(), want)
+		}
+	}
+	if _, err := New("unix:///nonexistent/den.sock").PreviewURLs(context.Background(), private); err == nil {
+		t.Error("no daemon to ask for its listeners: no error")
 	}
 }

@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -127,19 +125,7 @@ func newTTYFake(t *testing.T, unix bool) *ttyFake {
 	})
 	srv := httptest.NewUnstartedServer(mux)
 	if unix {
-		dir, err := os.MkdirTemp("", "denc")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		sock := filepath.Join(dir, "den.sock")
-		l, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv.Listener.Close()
-		srv.Listener = l
-		f.host = "unix://" + sock
+		f.host = "unix://" + onUnixSocket(t, srv)
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)

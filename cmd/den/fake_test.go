@@ -80,6 +80,10 @@ type fakeDaemon struct {
 	// tcpHost is the same daemon on TCP (tcp://127.0.0.1:N), for commands
 	// whose output depends on the transport.
 	tcpHost string
+	// listeners is what GET /v1/info lists (set before the requests), and
+	// previewDomain, if set, gives previews a host (PORT-ID.DOMAIN).
+	listeners     []string
+	previewDomain string
 }
 
 // fakeBuild is one build request: its query and, for a Dockerfile build,
@@ -148,6 +152,9 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	}
 	handle("GET /v1/version", func(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, 200, api.VersionInfo{Version: "fake-1", Go: "go0", Runtimes: []string{"fake"}})
+	})
+	handle("GET /v1/info", func(w http.ResponseWriter, r *http.Request) error {
+		return writeJSON(w, 200, api.Info{Listeners: f.listeners, PreviewDomain: f.previewDomain})
 	})
 	handle("POST /v1/sandboxes", f.create)
 	handle("GET /v1/sandboxes", f.list)
@@ -393,7 +400,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 }
 
 // sharePort shares a port as the daemon does; a private one gets the
-// token "tok-PORT".
+// token "tok-PORT", or "tok-PORT-rotated" with rotate.
 func (f *fakeDaemon) sharePort(w http.ResponseWriter, r *http.Request) error {
 	s, err := f.find(r)
 	if err != nil {
@@ -409,6 +416,12 @@ func (f *fakeDaemon) sharePort(w http.ResponseWriter, r *http.Request) error {
 	p := &api.Preview{Port: req.Port, Public: req.Public, Path: "/preview/" + s.sb.ID + "/" + strconv.Itoa(req.Port) + "/"}
 	if !req.Public {
 		p.Token = "tok-" + strconv.Itoa(req.Port)
+	}
+	if req.Rotate {
+		p.Token += "-rotated"
+	}
+	if f.previewDomain != "" {
+		p.Host = strconv.Itoa(req.Port) + "-" + s.sb.ID + "." + f.previewDomain
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

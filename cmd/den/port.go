@@ -15,15 +15,24 @@ var verbPort = &verb{
 	summary:  "share a sandbox's port at a preview URL (port ls, port rm)",
 	synopsis: "[flags] ID PORT | ls [flags] ID | rm [flags] ID PORT...",
 	details: `Shares a TCP port of the sandbox through den's reverse proxy (HTTP and
-WebSocket) and prints its URL on the daemon's TCP listener,
-http://DAEMON/preview/ID/PORT/. The server may listen on 0.0.0.0 or only on the
-sandbox's 127.0.0.1, and need not be running yet. A private preview (the
-default) needs the token in the URL (?den_token=; a browser then keeps it in
-a cookie) or the X-Den-Token header; --public drops the token, so anyone who
-can reach the daemon's listener can use it. Sharing a port again makes a new
-token. Over the daemon's unix socket den prints the curl --unix-socket
-command that reaches the preview (give den serve a TCP --listen address for
-browsers).
+WebSocket) and prints two URLs on the daemon's TCP listener. First the host
+form, http://PORT-ID.localhost:7420/ (or PORT-ID.DOMAIN with den serve
+--preview-domain), where the preview is the site's root: dev servers whose
+pages load /src/main.js or open WebSockets to root-relative paths (Vite,
+webpack, Next.js, Jupyter) work there. Then the path form,
+http://DAEMON/preview/ID/PORT/, for servers with relative links or started
+with that base (vite --base /preview/ID/PORT/); it sends X-Forwarded-Prefix.
+Dev servers that check the Host header must allow the preview host (Vite:
+server.allowedHosts: ['.localhost']).
+
+The server may listen on 0.0.0.0 or only on the sandbox's 127.0.0.1, and need
+not be running yet. A private preview (the default) needs the token in the URL
+(?den_token=; a browser then keeps it in a cookie for that host) or the
+X-Den-Token header; --public drops the token, so anyone who can reach the
+daemon's listener can use it. Sharing a port again keeps its token; --rotate
+makes a new one. Over the daemon's unix socket den prints the URLs on its TCP
+listener, or, when it has none, the curl --unix-socket command that reaches
+the preview (give den serve a TCP --listen address for browsers).
 
 den port ls ID lists the shared ports with their URLs; den port rm ID PORT
 stops sharing (the server keeps running). To reach a port that is not HTTP,
@@ -32,6 +41,7 @@ after --: den port -- ls 8000.`,
 	example: `den exec -d web -- python3 -m http.server 8000
 		den port web 8000
 		den port --public web 3000
+		den port --rotate web 8000
 		den port ls web
 		den port rm web 8000`,
 	run: cmdPort,
@@ -41,7 +51,7 @@ var verbPortLs = &verb{
 	name:     "port ls",
 	summary:  "list a sandbox's shared ports and their URLs",
 	synopsis: "[flags] ID",
-	details:  "Prints each shared port, whether it is public or private, and its URL (with the token of a private preview).",
+	details:  "Prints each shared port, whether it is public or private, its URL (with the token of a private preview) and the path form of it as a fallback.",
 	example: `den port ls web
 		den port ls --json web | jq -r '.[].url'`,
 	run: cmdPortLs,
@@ -94,17 +104,21 @@ func parsePort(v *verb, s string) (int, error) {
 }
 
 // previewOut is a shared port as den port --json prints it: the daemon's
-// answer, the URL, and the socket the URL is reached through (for a daemon
-// on a unix socket, where url is the path alone).
+// answer, the URL to open (host_url when there is one, else path_url), and
+// the socket path_url is reached through (for a daemon on a unix socket
+// only, where path_url is the path alone).
 type previewOut struct {
 	*api.Preview
-	URL    string `json:"url"`
-	Socket string `json:"socket,omitempty"`
+	client.PreviewLinks
+	URL string `json:"url"`
 }
 
-func previewOf(cl *client.Client, p *api.Preview) previewOut {
-	u, sock := cl.PreviewURL(p)
-	return previewOut{Preview: p, URL: u, Socket: sock}
+func previewOf(cl *client.Client, p *api.Preview) (previewOut, error) {
+	l, err := cl.PreviewURLs(context.Background(), p)
+	if err != nil {
+		return previewOut{}, err
+	}
+	return previewOut{Preview: p, PreviewLinks: l, URL: l.URL()}, nil
 }
 
 // curlCommand is the command reaching a preview through a unix socket.
@@ -126,7 +140,8 @@ func cmdPort(c *cli, v *verb, args []string) error {
 	}
 	f := newFlags(v)
 	public := f.Bool("public", "", "no token: anyone who can reach the daemon's listener can use the preview")
-	jsonOut := f.jsonFlag(`print JSON: the Preview (port, public, token, path, host) with its url (and socket, for a unix-socket daemon)`)
+	rotate := f.Bool("rotate", "", "give a private port that is already shared a new token (the old URLs stop working)")
+	jsonOut := f.jsonFlag(`print JSON: the Preview (port, public, token, path, host) with its url, host_url and path_url (and socket, for a daemon on a unix socket only)`)
 	pos, _, err := f.parse(args, -1, c.stdout)
 	if err != nil {
 		return err
@@ -139,20 +154,29 @@ func cmdPort(c *cli, v *verb, args []string) error {
 		return err
 	}
 	cl := c.client(f)
-	p, err := cl.SharePort(context.Background(), pos[0], port, *public)
+	if *rotate && *public {
+		return usagef(v, "--rotate makes a new token for a private port: a --public one has none")
+	}
+	p, err := cl.SharePortWith(context.Background(), pos[0], api.PortRequest{Port: port, Public: *public, Rotate: *rotate})
 	if err != nil {
 		return err
 	}
-	out := previewOf(cl, p)
+	out, err := previewOf(cl, p)
+	if err != nil {
+		return err
+	}
 	if *jsonOut {
 		return c.printJSON(out)
 	}
-	if out.Socket == "" {
-		_, err = fmt.Fprintln(c.stdout, out.URL)
+	if out.Socket != "" {
+		fmt.Fprintf(c.stderr, "the daemon listens on its unix socket only: the preview is reached through it (give den serve a TCP --listen address for browsers)\n")
+		_, err = fmt.Fprintln(c.stdout, curlCommand(out.Socket, out.PathURL))
 		return err
 	}
-	fmt.Fprintf(c.stderr, "den talks to the daemon over its unix socket: the preview is reached through it (or on a TCP --listen address of den serve, at the same path)\n")
-	_, err = fmt.Fprintln(c.stdout, curlCommand(out.Socket, out.URL))
+	if out.HostURL != "" {
+		fmt.Fprintln(c.stdout, out.HostURL)
+	}
+	_, err = fmt.Fprintln(c.stdout, out.PathURL)
 	return err
 }
 
@@ -173,23 +197,30 @@ func cmdPortLs(c *cli, v *verb, args []string) error {
 	}
 	outs := []previewOut{}
 	for _, p := range list {
-		outs = append(outs, previewOf(cl, p))
+		o, err := previewOf(cl, p)
+		if err != nil {
+			return err
+		}
+		outs = append(outs, o)
 	}
 	if *jsonOut {
 		return c.printJSON(outs)
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "PORT\tACCESS\tURL")
+	fmt.Fprintln(tw, "PORT\tACCESS\tURL\tPATH URL")
 	for _, o := range outs {
 		access := "private"
 		if o.Public {
 			access = "public"
 		}
-		u := o.URL
-		if o.Socket != "" {
-			u = curlCommand(o.Socket, o.URL)
+		u, path := o.URL, "-"
+		if o.HostURL != "" {
+			path = o.PathURL
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", o.Port, access, u)
+		if o.Socket != "" {
+			u = curlCommand(o.Socket, o.PathURL)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", o.Port, access, u, path)
 	}
 	return tw.Flush()
 }

@@ -20,52 +20,76 @@ func TestPort(t *testing.T) {
 	sb := f.addSandbox(api.CreateRequest{Name: "web"})
 	sock := strings.TrimPrefix(f.host, "unix://")
 	tcpBase := "http://" + strings.TrimPrefix(f.tcpHost, "tcp://")
+	_, tcpPort, _ := net.SplitHostPort(strings.TrimPrefix(f.tcpHost, "tcp://"))
 
-	// Over the unix socket: the curl command that reaches the preview.
+	// A daemon on its unix socket only: the curl command that reaches the
+	// preview through it.
+	f.listeners = []string{f.host}
 	r := den(t, f, "", "port", "web", "8000")
 	want := "curl --unix-socket " + sock + " 'http://den/preview/" + sb.ID + "/8000/?den_token=tok-8000'\n"
 	if r.code != 0 || r.stdout != want || !strings.Contains(r.stderr, "unix socket") {
 		t.Errorf("den port over the socket: %+v, want stdout %q", r, want)
 	}
-	// Over TCP: the URL.
-	r = den(t, f, "", "port", "--host", f.tcpHost, "web", "8000")
-	if want := tcpBase + "/preview/" + sb.ID + "/8000/?den_token=tok-8000\n"; r.code != 0 || r.stdout != want || r.stderr != "" {
-		t.Errorf("den port over TCP: %+v, want %q", r, want)
-	}
-	r = den(t, f, "", "port", "--host", f.tcpHost, "--public", "web", "3000")
-	if want := tcpBase + "/preview/" + sb.ID + "/3000/\n"; r.code != 0 || r.stdout != want {
-		t.Errorf("den port --public: %+v, want %q", r, want)
-	}
-	r = den(t, f, "", "port", "--json", "--host", f.tcpHost, "web", "5173")
+	r = den(t, f, "", "port", "--json", "web", "5173")
 	var out struct {
 		api.Preview
-		URL    string `json:"url"`
-		Socket string `json:"socket"`
+		URL     string `json:"url"`
+		HostURL string `json:"host_url"`
+		PathURL string `json:"path_url"`
+		Socket  string `json:"socket"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.Port != 5173 || out.Token != "tok-5173" || out.Public ||
-		out.URL != tcpBase+out.Path+"?den_token=tok-5173" || out.Socket != "" {
-		t.Errorf("den port --json: %+v (%v)", r, err)
-	}
-	r = den(t, f, "", "port", "--json", "web", "5173")
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.URL != out.Path+"?den_token=tok-5173" || out.Socket != sock {
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.URL != out.Path+"?den_token=tok-5173" || out.PathURL != out.URL || out.Socket != sock {
 		t.Errorf("den port --json over the socket: %+v (%v)", r, err)
 	}
 
-	// ls, with --host before the sub-command too.
-	r = den(t, f, "", "port", "--host", f.tcpHost, "ls", "web")
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if r.code != 0 || len(lines) != 4 || !regexp.MustCompile(`^PORT\s+ACCESS\s+URL$`).MatchString(lines[0]) ||
-		!regexp.MustCompile(`^8000\s+private\s+`+regexp.QuoteMeta(tcpBase+"/preview/"+sb.ID+"/8000/?den_token=tok-8000")+`$`).MatchString(lines[1]) ||
-		!regexp.MustCompile(`^3000\s+public\s+`+regexp.QuoteMeta(tcpBase+"/preview/"+sb.ID+"/3000/")+`$`).MatchString(lines[2]) {
-		t.Errorf("den port ls:\n%s%s", r.stdout, r.stderr)
+	// With a TCP listener on loopback and host previews on localhost: over
+	// the socket too, the host URL first, then the path URL, both on the
+	// TCP listener a browser reaches.
+	f.listeners = []string{f.host, f.tcpHost}
+	f.previewDomain = "localhost"
+	hostURL := "http://8000-" + sb.ID + ".localhost:" + tcpPort + "/?den_token=tok-8000"
+	pathURL := tcpBase + "/preview/" + sb.ID + "/8000/?den_token=tok-8000"
+	for _, host := range []string{f.host, f.tcpHost} {
+		r = den(t, f, "", "port", "--host", host, "web", "8000")
+		if want := hostURL + "\n" + pathURL + "\n"; r.code != 0 || r.stdout != want || r.stderr != "" {
+			t.Errorf("den port --host %s: %+v, want %q", host, r, want)
+		}
 	}
+	r = den(t, f, "", "port", "--host", f.tcpHost, "--rotate", "web", "8000")
+	if !strings.HasPrefix(r.stdout, "http://8000-"+sb.ID+".localhost:"+tcpPort+"/?den_token=tok-8000-rotated\n") {
+		t.Errorf("den port --rotate: %+v", r)
+	}
+	den(t, f, "", "port", "--host", f.tcpHost, "web", "8000") // the fake's token again, for ls below
+	r = den(t, f, "", "port", "--host", f.tcpHost, "--public", "web", "3000")
+	if want := "http://3000-" + sb.ID + ".localhost:" + tcpPort + "/\n" + tcpBase + "/preview/" + sb.ID + "/3000/\n"; r.code != 0 || r.stdout != want {
+		t.Errorf("den port --public: %+v, want %q", r, want)
+	}
+	r = den(t, f, "", "port", "--json", "--host", f.tcpHost, "web", "5173")
+	out.Socket = ""
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.Port != 5173 || out.Token != "tok-5173" || out.Public ||
+		out.URL != "http://5173-"+sb.ID+".localhost:"+tcpPort+"/?den_token=tok-5173" || out.HostURL != out.URL ||
+		out.PathURL != tcpBase+out.Path+"?den_token=tok-5173" || out.Socket != "" {
+		t.Errorf("den port --json: %+v (%v)", r, err)
+	}
+
+	// ls, with --host before the sub-command too.
+	for _, host := range []string{f.tcpHost, f.host} {
+		r = den(t, f, "", "port", "--host", host, "ls", "web")
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if r.code != 0 || len(lines) != 4 || !regexp.MustCompile(`^PORT\s+ACCESS\s+URL\s+PATH URL$`).MatchString(lines[0]) ||
+			!regexp.MustCompile(`(?m)^3000\s+public\s+`+regexp.QuoteMeta("http://3000-"+sb.ID+".localhost:"+tcpPort+"/")+`\s+`+regexp.QuoteMeta(tcpBase+"/preview/"+sb.ID+"/3000/")+`$`).MatchString(r.stdout) ||
+			!regexp.MustCompile(`(?m)^8000\s+private\s+`+regexp.QuoteMeta(hostURL)+`\s+`+regexp.QuoteMeta(pathURL)+`$`).MatchString(r.stdout) {
+			t.Errorf("den port --host %s ls:\n%s%s", host, r.stdout, r.stderr)
+		}
+	}
+	f.listeners, f.previewDomain = []string{f.host}, ""
 	r = den(t, f, "", "port", "ls", "web")
-	if r.code != 0 || !strings.Contains(r.stdout, "3000   public    curl --unix-socket "+sock+" http://den/preview/"+sb.ID+"/3000/\n") {
+	if r.code != 0 || !strings.Contains(r.stdout, "curl --unix-socket "+sock+" http://den/preview/"+sb.ID+"/3000/ ") {
 		t.Errorf("den port ls over the socket:\n%s", r.stdout)
 	}
 	r = den(t, f, "", "port", "ls", "--json", "web")
 	var outs []map[string]any
-	if err := json.Unmarshal([]byte(r.stdout), &outs); err != nil || len(outs) != 3 || outs[0]["url"] != outs[0]["path"].(string)+"?den_token=tok-8000" {
+	if err := json.Unmarshal([]byte(r.stdout), &outs); err != nil || len(outs) != 3 || outs[0]["port"] != 8000.0 || outs[0]["url"] != outs[0]["path"].(string)+"?den_token=tok-8000" {
 		t.Errorf("den port ls --json: %+v (%v)", r, err)
 	}
 
@@ -104,6 +128,7 @@ func TestPortErrors(t *testing.T) {
 		{[]string{"port", "web", "0"}, `"0" is not a TCP port`},
 		{[]string{"port", "web", "http"}, `"http" is not a TCP port`},
 		{[]string{"port", "web", "65536"}, "not a TCP port"},
+		{[]string{"port", "--rotate", "--public", "web", "8000"}, "--public one has none"},
 		{[]string{"port", "--json", "ls", "web"}, `"web" is not a TCP port`},
 		{[]string{"port", "ls"}, "one sandbox ID"},
 		{[]string{"port", "ls", "--public", "web"}, "--public"},

@@ -61,7 +61,7 @@ func cmdServe(args []string) error {
 	netOn := fs.Bool("net", true, "give networked sandboxes (--net allow|open) a veth on den's bridge, egress through den's proxy (needs nftables)")
 	bridge := fs.String("bridge", "den0", "bridge for sandbox networking")
 	subnet := fs.String("subnet", "10.88.0.0/16", "IPv4 subnet of the sandbox bridge")
-	previewDomain := fs.String("preview-domain", "", "serve shared ports as PORT-ID.DOMAIN too (point *.DOMAIN at a TCP --listen address)")
+	previewDomain := fs.String("preview-domain", "", "serve shared ports as PORT-ID.DOMAIN too (point *.DOMAIN at a TCP --listen address); without it, PORT-ID.localhost when a TCP --listen address is on loopback")
 	warm := fs.Int("warm", 2, "fresh host-image sandboxes kept booted so creates are instant (0 = none)")
 	storageMode := fs.String("storage", "auto", "where sandbox files live: btrfs (a filesystem den manages in DATA/storage.img, mounted at DATA/fs: instant snapshots and forks, disk quotas), dir (plain directories: snapshots copy, no quotas) or auto (btrfs when possible)")
 	storageSize := fs.String("storage-size", "", "size of a new DATA/storage.img, like 200g (default: 90% of the free space where DATA is; the file is sparse)")
@@ -170,10 +170,17 @@ func cmdServe(args []string) error {
 		return err
 	}
 	ctx := context.Background()
+	// Host-name previews: on --preview-domain, or on localhost when a TCP
+	// listener is reachable on this host's loopback (browsers resolve
+	// *.localhost there), so dev servers get the site's root.
+	domain := *previewDomain
+	if domain == "" && loopbackTCP(listens) {
+		domain = "localhost"
+	}
 	cfg := sandbox.Config{
 		DataDir: *data, Runtime: defRT, Tiers: tiers.runtimes, Unavailable: tiers.unavailable, Store: db, Images: images, Log: log,
 		Defaults: api.Limits{Memory: mem, Pids: *defPids, CPUs: *defCPUs, Disk: disk}, WarmPool: *warm,
-		PreviewDomain: *previewDomain, Storage: st, AllowMounts: allowMounts,
+		PreviewDomain: domain, Storage: st, AllowMounts: allowMounts,
 	}
 	if nw != nil {
 		_, _, hp := nw.Ports()
@@ -192,9 +199,30 @@ func cmdServe(args []string) error {
 		defer eg.Close()
 	}
 	h := server.New(m, db, log, version, rt.CgroupVersion())
+	type listener struct {
+		ln     net.Listener
+		addr   string
+		secure bool
+	}
+	var lns []listener
+	for _, l := range listens {
+		ln, secure, err := listen(l)
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		addr := l
+		if !secure {
+			addr = "tcp://" + ln.Addr().String() // the port, when --listen asked for 0
+		}
+		lns = append(lns, listener{ln, addr, secure})
+	}
 	info := api.Info{Runtimes: tiers.info, Cgroup: rt.CgroupVersion(), Storage: st.Kind(), Network: nw != nil,
-		StorageSize: api.Size(st.Size()), StorageReserve: api.Size(st.Reserve())}
+		StorageSize: api.Size(st.Size()), StorageReserve: api.Size(st.Reserve()), PreviewDomain: domain}
 	info.DefaultDisk = disk
+	for _, l := range lns {
+		info.Listeners = append(info.Listeners, l.addr)
+	}
 	h.SetInfo(info)
 
 	mcpH, stopMCP := mcpHandler(h, log)
@@ -210,21 +238,17 @@ func cmdServe(args []string) error {
 		h.SetInfo(info)
 	}
 	var servers []*http.Server
-	errc := make(chan error, len(listens))
-	for _, l := range listens {
-		ln, secure, err := listen(l)
-		if err != nil {
-			return err
-		}
+	errc := make(chan error, len(lns))
+	for _, l := range lns {
 		handler := server.AsAdmin(h)
-		if !secure {
+		if !l.secure {
 			handler = h.Authenticate(h, token) // the admin token or a scoped one (den token)
 		}
-		handler = h.PreviewHost(*previewDomain, handler)
+		handler = h.PreviewHost(handler, domain, "localhost")
 		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 1 << 20}
 		servers = append(servers, srv)
-		log.Info("listening", "addr", l)
-		go func() { errc <- srv.Serve(ln) }()
+		log.Info("listening", "addr", l.addr)
+		go func() { errc <- srv.Serve(l.ln) }()
 	}
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -336,6 +360,23 @@ func listen(addr string) (net.Listener, bool, error) {
 		return ln, false, nil
 	}
 	return nil, false, &usageError{verb: "serve", msg: fmt.Sprintf("--listen %q: want unix:///path or tcp://host:port", addr)}
+}
+
+// loopbackTCP reports whether one of the --listen addresses is a TCP one
+// reachable on this host's loopback: a loopback address, localhost, or all
+// addresses.
+func loopbackTCP(listens []string) bool {
+	for _, l := range listens {
+		u, err := url.Parse(l)
+		if err != nil || u.Scheme != "tcp" {
+			continue
+		}
+		h := u.Hostname()
+		if ip := net.ParseIP(h); h == "" || h == "localhost" || ip != nil && (ip.IsLoopback() || ip.IsUnspecified()) {
+			return true
+		}
+	}
+	return false
 }
 
 // loadToken reads the API token, creating it (mode 0600) on first start.

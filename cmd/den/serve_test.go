@@ -44,3 +44,27 @@ func TestInfoStorage(t *testing.T) {
 		t.Fatalf("den info: %+v", r)
 	}
 }
+
+// Host-name previews on localhost need a TCP listener a browser on this
+// host reaches through loopback.
+func TestLoopbackTCP(t *testing.T) {
+	for _, tc := range []struct {
+		listens []string
+		want    bool
+	}{
+		{[]string{"unix:///run/den/den.sock"}, false},
+		{[]string{"unix:///run/den/den.sock", "tcp://127.0.0.1:7420"}, true},
+		{[]string{"tcp://127.0.0.2:7420"}, true},
+		{[]string{"tcp://localhost:7420"}, true},
+		{[]string{"tcp://[::1]:7420"}, true},
+		{[]string{"tcp://0.0.0.0:7420"}, true},
+		{[]string{"tcp://[::]:7420"}, true},
+		{[]string{"tcp://:7420"}, true},
+		{[]string{"tcp://10.0.0.5:7420"}, false},
+		{[]string{"tcp://den.example.com:7420"}, false},
+	} {
+		if got := loopbackTCP(tc.listens); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.listens, got, tc.want)
+		}
+	}
+}

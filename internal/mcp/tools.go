@@ -327,7 +327,8 @@ type portIn struct {
 }
 
 type portOut struct {
-	URL     string       `json:"url" jsonschema:"where the port is reached (with its token when private)"`
+	URL     string       `json:"url" jsonschema:"where the port is reached (with its token when private): the host form, where the preview is the site's root, when there is one"`
+	PathURL string       `json:"path_url,omitempty" jsonschema:"the path form /preview/ID/PORT/ of it, for servers with relative links or that base"`
 	Socket  string       `json:"socket,omitempty" jsonschema:"the daemon's unix socket, when the URL is reached through it"`
 	Preview *api.Preview `json:"preview"`
 }
@@ -344,8 +345,11 @@ func (s *server) portURL(ctx context.Context, req *sdk.CallToolRequest, in portI
 	if err != nil {
 		return nil, portOut{}, toolError(err)
 	}
-	u, sock := c.PreviewURL(p)
-	return nil, portOut{URL: u, Socket: sock, Preview: p}, nil
+	l, err := c.PreviewURLs(ctx, p)
+	if err != nil {
+		return nil, portOut{}, toolError(err)
+	}
+	return nil, portOut{URL: l.URL(), PathURL: l.PathURL, Socket: l.Socket, Preview: p}, nil
 }
 
 type snapshotIn struct {

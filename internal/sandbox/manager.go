@@ -42,7 +42,9 @@ type Config struct {
 	Store       *store.DB
 	Images      *image.Store
 	Defaults    api.Limits // applied where a create request leaves a limit zero
-	// PreviewDomain, if set, makes previews reachable as PORT-ID.DOMAIN.
+	// PreviewDomain, if set, is the domain of host-name previews,
+	// PORT-ID.DOMAIN (Preview.Host): --preview-domain, or localhost when
+	// the daemon listens on TCP on this host's loopback.
 	PreviewDomain string
 	// Egress, if set, lets sandboxes have networked modes (allow, open).
 	Egress *Egress

@@ -18,6 +18,9 @@ type share struct {
 	Port   int    `json:"port"`
 	Public bool   `json:"public,omitempty"`
 	Token  string `json:"token,omitempty"`
+	// KeepsPrefix: the server wants /preview/ID/PORT/ in the request path
+	// (it was started with that base, see PreviewKeepsPrefix).
+	KeepsPrefix bool `json:"keeps_prefix,omitempty"`
 }
 
 func (m *Manager) previewOf(id string, s share) *api.Preview {
@@ -37,7 +40,8 @@ func validPort(p int) error {
 }
 
 // SharePort opens a port of a sandbox to den's reverse proxy, private
-// (with a token) unless public. Sharing again replaces the token.
+// (with a token) unless public. Sharing a private port again keeps its
+// token unless req.Rotate.
 func (m *Manager) SharePort(ctx context.Context, id string, req api.PortRequest) (*api.Preview, error) {
 	if err := validPort(req.Port); err != nil {
 		return nil, err
@@ -52,7 +56,12 @@ func (m *Manager) SharePort(ctx context.Context, id string, req api.PortRequest)
 		return nil, err
 	}
 	s := share{Port: req.Port, Public: req.Public}
-	if !req.Public {
+	for _, o := range rec.Ports {
+		if o.Port == req.Port && !req.Public && !req.Rotate {
+			s.Token = o.Token
+		}
+	}
+	if !req.Public && s.Token == "" {
 		var b [24]byte
 		rand.Read(b[:])
 		s.Token = hex.EncodeToString(b[:])
@@ -62,7 +71,7 @@ func (m *Manager) SharePort(ctx context.Context, id string, req api.PortRequest)
 	if err := m.put(ctx, rec); err != nil {
 		return nil, err
 	}
-	m.event(rec.ID, "port.share", map[string]any{"port": s.Port, "public": s.Public})
+	m.event(rec.ID, "port.share", map[string]any{"port": s.Port, "public": s.Public, "rotate": req.Rotate})
 	return m.previewOf(rec.ID, s), nil
 }
 
@@ -112,8 +121,9 @@ var dummyToken = make([]byte, 48)
 // PreviewAllowed reports whether a request for a shared port may pass:
 // id is a sandbox's full id (names and prefixes are not resolved here,
 // before any authorization), the port is shared, and public or the token
-// matches. Every refusal is ErrNoPreview.
-func (m *Manager) PreviewAllowed(ctx context.Context, id string, port int, token string) (string, error) {
+// matches. Every refusal is ErrNoPreview. keepsPrefix says whether path
+// previews of the port pass /preview/ID/PORT/ on unstripped.
+func (m *Manager) PreviewAllowed(ctx context.Context, id string, port int, token string) (sid string, keepsPrefix bool, err error) {
 	var rec *record
 	if isFullID(id) && validPort(port) == nil {
 		if r, err := m.get(WithScope(ctx, nil), id); err == nil && r.ID == id {
@@ -124,15 +134,37 @@ func (m *Manager) PreviewAllowed(ctx context.Context, id string, port int, token
 	if rec != nil {
 		for _, s := range rec.Ports {
 			if s.Port == port {
-				want, public = []byte(s.Token), s.Public
+				want, public, keepsPrefix = []byte(s.Token), s.Public, s.KeepsPrefix
 			}
 		}
 	}
 	match := subtle.ConstantTimeCompare([]byte(token), want) == 1
 	if rec == nil || !public && (!match || token == "") {
-		return "", ErrNoPreview
+		return "", false, ErrNoPreview
 	}
-	return rec.ID, nil
+	return rec.ID, keepsPrefix, nil
+}
+
+// PreviewKeepsPrefix records that the server on a shared port of sandbox
+// sid (a full id PreviewAllowed returned) serves under /preview/ID/PORT/
+// itself: it answered a request stripped of that prefix with a redirect to
+// the very path the browser asked for. Path previews of the port then keep
+// the prefix, until the port is shared again.
+func (m *Manager) PreviewKeepsPrefix(ctx context.Context, sid string, port int) error {
+	unlock := m.lock(sid)
+	defer unlock()
+	rec, err := m.get(WithScope(ctx, nil), sid)
+	if err != nil {
+		return err
+	}
+	for i := range rec.Ports {
+		if rec.Ports[i].Port == port && !rec.Ports[i].KeepsPrefix {
+			rec.Ports[i].KeepsPrefix = true
+			m.event(rec.ID, "port.keeps_prefix", map[string]any{"port": port})
+			return m.put(ctx, rec)
+		}
+	}
+	return nil
 }
 
 // isFullID reports whether s is a whole sandbox id (32 lower-case hex digits).

@@ -71,6 +71,9 @@ type env struct {
 	// defDisk, when set before start, is the daemon's default disk
 	// quota (den serve --default-disk).
 	defDisk api.Size
+	// previewDomain, when set before start, is the domain of host-name
+	// previews (den serve --preview-domain, or localhost).
+	previewDomain string
 }
 
 var envSeq struct {
@@ -141,6 +144,7 @@ func (e *env) start(t *testing.T, imgs *image.Store) {
 		DataDir: e.data, Runtime: e.rt, Store: e.db, Images: imgs, Log: log,
 		Defaults: api.Limits{Memory: 512 << 20, Pids: 512, Disk: e.defDisk}, WarmPool: e.pool,
 		Storage: e.st, AllowMounts: e.allow, Tiers: e.tiers, Unavailable: e.unavailable,
+		PreviewDomain: e.previewDomain,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -57,6 +58,16 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request) {
 	s.servePreview(w, r, r.PathValue("id"), port, "/preview/"+r.PathValue("id")+"/"+r.PathValue("port"))
 }
 
+// forwardedHeaders are the proxy headers a client may send to make the
+// server inside believe another host, scheme or prefix: den drops them
+// and sets its own.
+var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+	"X-Forwarded-Prefix", "X-Forwarded-Port", "X-Forwarded-Server", "X-Forwarded-Ssl", "X-Real-Ip"}
+
+// servePreview proxies a preview request for port of sandbox id. prefix is
+// the path the preview is mounted at ("" for host-name previews); it is
+// stripped, and sent as X-Forwarded-Prefix, unless the server serves under
+// it itself (see sandbox.Manager.PreviewKeepsPrefix).
 func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, id string, port int, prefix string) {
 	cookie := "den_preview_" + strconv.Itoa(port)
 	token := r.URL.Query().Get("den_token")
@@ -68,25 +79,36 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, id string,
 			token = c.Value
 		}
 	}
-	sid, err := s.m.PreviewAllowed(r.Context(), id, port, token)
+	sid, keep, err := s.m.PreviewAllowed(r.Context(), id, port, token)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	if r.URL.Query().Get("den_token") != "" {
+		// Host-only (no Domain): on a host-name preview it goes with
+		// every request to that host, the page's root-relative
+		// sub-resources and WebSockets included, and to no other.
 		http.SetCookie(w, &http.Cookie{Name: cookie, Value: token, Path: prefix + "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
 	}
+	strip := prefix != "" && !keep
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", "127.0.0.1:"+strconv.Itoa(port)
-			pr.Out.URL.Path = "/" + strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, prefix), "/")
-			pr.Out.URL.RawPath = ""
-			q := pr.Out.URL.Query()
-			q.Del("den_token")
-			pr.Out.URL.RawQuery = q.Encode()
+			if strip {
+				pr.Out.URL.Path = "/" + strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, prefix), "/")
+				pr.Out.URL.RawPath = ""
+			}
+			pr.Out.URL.RawQuery = withoutToken(pr.Out.URL.Query())
 			pr.Out.Header.Del("X-Den-Token")
 			pr.Out.Header.Del("Authorization")
+			dropCookie(pr.Out.Header, cookie)
+			for _, h := range forwardedHeaders {
+				pr.Out.Header.Del(h)
+			}
 			pr.SetXForwarded()
+			if strip {
+				pr.Out.Header.Set("X-Forwarded-Prefix", prefix)
+			}
 			pr.Out.Host = pr.In.Host
 		},
 		Transport: &http.Transport{
@@ -95,6 +117,18 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, id string,
 			},
 			DisableCompression: true,
 		},
+		ModifyResponse: func(resp *http.Response) error {
+			if strip && redirectsTo(resp, r.Host, r.URL.Path, withoutToken(r.URL.Query())) {
+				// Stripped, the server sends the browser back to the
+				// path it asked for: it serves under the prefix itself
+				// (Vite's --base, Jupyter's base_url). The browser
+				// follows the redirect, which now passes unstripped.
+				if err := s.m.PreviewKeepsPrefix(context.WithoutCancel(r.Context()), sid, port); err != nil {
+					s.log.Warn("preview: keep the prefix", "sandbox", sid, "port", port, "err", err)
+				}
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeError(w, api.Errorf(api.KindConflict, "preview of port %d: %v", port, err))
 		},
@@ -102,22 +136,88 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, id string,
 	rp.ServeHTTP(w, r)
 }
 
-// PreviewHost routes requests for PORT-ID.DOMAIN to the preview proxy.
-func (s *Server) PreviewHost(domain string, next http.Handler) http.Handler {
-	suffix := "." + strings.ToLower(domain)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host := strings.ToLower(r.Host)
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
+// redirectsTo reports whether resp is a redirect to path?query on host:
+// back to the URL the browser asked for (its token aside).
+func redirectsTo(resp *http.Response, host, path, query string) bool {
+	if resp.StatusCode < 300 || resp.StatusCode > 399 {
+		return false
+	}
+	loc, err := url.Parse(resp.Header.Get("Location"))
+	return err == nil && (loc.Host == "" || loc.Host == host) && loc.Path == path && withoutToken(loc.Query()) == query
+}
+
+// withoutToken is a query without den_token, encoded.
+func withoutToken(q url.Values) string {
+	q.Del("den_token")
+	return q.Encode()
+}
+
+// dropCookie removes the cookie name from a request's Cookie headers: the
+// preview's token is den's, not the server's.
+func dropCookie(h http.Header, name string) {
+	r := http.Request{Header: h}
+	var kept []string
+	for _, c := range r.Cookies() {
+		if c.Name != name {
+			kept = append(kept, c.String())
 		}
-		if domain == "" || !strings.HasSuffix(host, suffix) {
+	}
+	h.Del("Cookie")
+	if len(kept) > 0 {
+		h.Set("Cookie", strings.Join(kept, "; "))
+	}
+}
+
+// PreviewHost routes requests for PORT-ID.DOMAIN, for each of domains
+// (empty ones ignored), to the preview proxy; other requests go to next.
+// A host under a preview domain that is not exactly PORT-ID.DOMAIN, with
+// an optional :port (a trailing dot, a port written otherwise than den
+// writes it, a bad :port) is refused like any other preview. Under
+// localhost, which other names share, only names whose label before
+// .localhost starts with a digit are previews.
+func (s *Server) PreviewHost(next http.Handler, domains ...string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, port, ok := previewHost(r.Host, domains)
+		if !ok {
 			next.ServeHTTP(w, r)
 			return
 		}
-		portS, id, _ := strings.Cut(strings.TrimSuffix(host, suffix), "-")
-		port, _ := strconv.Atoi(portS) // a bad port or id is refused like any other preview
 		s.servePreview(w, r, id, port, "")
 	})
+}
+
+// previewHost reads a Host header: ok when it names a host under one of
+// domains, then id and port are the preview's, or empty and 0 when the
+// host is malformed.
+func previewHost(host string, domains []string) (id string, port int, ok bool) {
+	name, hport, colon := strings.ToLower(host), "", false
+	if i := strings.LastIndexByte(name, ':'); i >= 0 && !strings.HasSuffix(name, "]") {
+		name, hport, colon = name[:i], name[i+1:], true
+	}
+	for _, d := range domains {
+		suffix := "." + strings.ToLower(d)
+		rest, under := strings.CutSuffix(strings.TrimSuffix(name, "."), suffix)
+		label := rest[strings.LastIndexByte(rest, '.')+1:]
+		if d == "" || !under || d == "localhost" && (label == "" || label[0] < '0' || label[0] > '9') {
+			// *.localhost is not den's alone: only names whose label
+			// before it starts with a digit are previews there; a
+			// preview domain is all previews.
+			continue
+		}
+		if strings.HasSuffix(name, ".") {
+			return "", 0, true
+		}
+		if hp, err := strconv.Atoi(hport); colon && (err != nil || hp < 1 || hp > 65535 || strconv.Itoa(hp) != hport) {
+			return "", 0, true
+		}
+		portS, id, _ := strings.Cut(rest, "-")
+		p, err := strconv.Atoi(portS)
+		if err != nil || strconv.Itoa(p) != portS {
+			return "", 0, true
+		}
+		return id, p, true // id is checked to be a full id, port a TCP port, by PreviewAllowed
+	}
+	return "", 0, false
 }
 
 // tcp bridges a WebSocket to a raw TCP connection to a port inside the

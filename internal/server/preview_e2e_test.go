@@ -21,9 +21,15 @@ func previewAnswer(t *testing.T, hc *http.Client, url, host string) string {
 	if host != "" {
 		req.Host = host
 	}
+	return answerOf(t, hc, req)
+}
+
+// answerOf is previewAnswer for a request made by hand.
+func answerOf(t *testing.T, hc *http.Client, req *http.Request) string {
+	t.Helper()
 	resp, err := hc.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s (Host %s): %v", url, host, err)
+		t.Fatalf("GET %s (Host %s): %v", req.URL, req.Host, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -74,7 +80,7 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 		t.Fatal(err)
 	}
 	base := "http://" + strings.TrimPrefix(te.addr, "tcp://")
-	hs := httptest.NewServer(te.srv.PreviewHost("preview.test", te.srv.Authenticate(te.srv, testAdminToken)))
+	hs := httptest.NewServer(te.srv.PreviewHost(te.srv.Authenticate(te.srv, testAdminToken), "preview.test"))
 	defer hs.Close()
 	hc := &http.Client{Timeout: time.Minute}
 
@@ -107,12 +113,15 @@ http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
 		"the admin's API token": p.Path + "?den_token=" + testAdminToken,
 	}
 	hosts := map[string]string{
-		"host: unknown":           "8000-nosuchbox.preview.test",
-		"host: a name":            "8000-alicebox.preview.test",
-		"host: a 12-digit prefix": "8000-" + sb.ID[:12] + ".preview.test",
-		"host: no token":          "8000-" + sb.ID + ".preview.test",
-		"host: unshared port":     "9000-" + sb.ID + ".preview.test",
-		"host: garbage":           "x.preview.test",
+		"host: unknown":            "8000-nosuchbox.preview.test",
+		"host: a name":             "8000-alicebox.preview.test",
+		"host: a 12-digit prefix":  "8000-" + sb.ID[:12] + ".preview.test",
+		"host: no token":           "8000-" + sb.ID + ".preview.test",
+		"host: unshared port":      "9000-" + sb.ID + ".preview.test",
+		"host: garbage":            "x.preview.test",
+		"host: trailing dot":       "8000-" + sb.ID + ".preview.test.",
+		"host: bad port":           "8000-" + sb.ID + ".preview.test:http",
+		"host: port written +8000": "+8000-" + sb.ID + ".preview.test",
 	}
 	var want, wantFrom string
 	check := func(what, got string) {
