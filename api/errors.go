@@ -114,5 +114,8 @@ func KindForStatus(status int) string {
 	case 405, 422, 501:
 		return KindUnsupported
 	}
+	if status >= 400 && status < 500 {
+		return KindInvalid // another 4xx: the request was at fault
+	}
 	return KindInternal
 }

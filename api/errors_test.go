@@ -23,4 +23,10 @@ func TestUnsupportedIsAClientError(t *testing.T) {
 			t.Errorf("KindForStatus(%d) = %s, want unsupported", s, got)
 		}
 	}
+	// Any other 4xx is the request's fault; any other status den's.
+	for s, want := range map[int]string{406: KindInvalid, 415: KindInvalid, 502: KindInternal, 503: KindInternal} {
+		if got := KindForStatus(s); got != want {
+			t.Errorf("KindForStatus(%d) = %s, want %s", s, got, want)
+		}
+	}
 }
