@@ -5,7 +5,7 @@
 set -euo pipefail
 
 need_go=$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$(dirname "$0")/../go.mod")
-pkgs=(ca-certificates git util-linux iproute2 bubblewrap python3 busybox-static mmdebstrap tmux nftables curl btrfs-progs e2fsprogs runsc qemu-system-x86 linux-image-cloud-amd64 erofs-utils openssh-client openssh-server)
+pkgs=(ca-certificates git util-linux iproute2 bubblewrap python3 python3-venv busybox-static mmdebstrap tmux nftables curl btrfs-progs e2fsprogs runsc qemu-system-x86 linux-image-cloud-amd64 erofs-utils openssh-client openssh-server)
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -39,3 +39,7 @@ if ! go version -m /usr/local/bin/runsc 2>/dev/null | grep -q "gvisor.dev/gvisor
   echo "deps: building runsc ${runsc_version} (about 2 minutes)" >&2
   CGO_ENABLED=0 GOBIN=/usr/local/bin go install "gvisor.dev/gvisor/runsc@${runsc_version}"
 fi
+
+# schemathesis for scripts/schemathesis.sh, pinned there, in a venv under
+# /var/cache/den-ci (outside the checkout).
+"$(dirname "$0")/schemathesis.sh" --install
