@@ -65,13 +65,16 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 tok=$(cat "$tmp/data/token")
+# The live sandbox of scripts/schemathesis.toml.
+export DEN_SCHEMATHESIS_SANDBOX
+DEN_SCHEMATHESIS_SANDBOX=$("$bin" --host "unix://$sock" create)
 
 status=0
 # From $tmp, and with an in-memory example database, so that nothing is
 # written into the checkout. One worker: with two, hypothesis's lambda
 # descriptions (ast.parse in threads) hit CPython 3.11's "AST constructor
 # recursion depth mismatch" (python/cpython#106905) now and then.
-(cd "$tmp" && SCHEMATHESIS_HOOKS="$root/scripts/schemathesis_hooks.py" "$venv/bin/schemathesis" run "$root/api/openapi.json" \
+(cd "$tmp" && SCHEMATHESIS_HOOKS="$root/scripts/schemathesis_hooks.py" "$venv/bin/schemathesis" --config-file "$root/scripts/schemathesis.toml" run "$root/api/openapi.json" \
   --url "http://127.0.0.1:$port" -H "Authorization: Bearer $tok" \
   --checks not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance \
   --phases examples,coverage,fuzzing --generation-database :memory: --max-time "$max_time" -w 1 --no-color) || status=$?
