@@ -14,7 +14,7 @@ const (
 	KindConflict     = "conflict"     // 409: the object is in the wrong state (stopped, in use)
 	KindTooLarge     = "too_large"    // 413
 	KindBusy         = "busy"         // 429: too many large requests of this caller in flight; retry later
-	KindUnsupported  = "unsupported"  // 501: not available on this host or runtime
+	KindUnsupported  = "unsupported"  // 422: not available on this host or runtime (501 before; still read as unsupported)
 	KindInternal     = "internal"     // 500
 )
 
@@ -87,12 +87,16 @@ func HTTPStatus(kind string) int {
 	case KindBusy:
 		return 429
 	case KindUnsupported:
-		return 501
+		// 4xx: the client asked for what this host or runtime cannot
+		// do; the server did not fail (a 5xx would say it did).
+		return 422
 	}
 	return 500
 }
 
-// KindForStatus is the inverse of HTTPStatus, for answers without a document.
+// KindForStatus is the inverse of HTTPStatus, for answers without a
+// document. It also reads 501, which daemons before 422 answered for
+// unsupported, and 405 (a route without that method) as unsupported.
 func KindForStatus(status int) string {
 	switch status {
 	case 400:
@@ -107,8 +111,11 @@ func KindForStatus(status int) string {
 		return KindTooLarge
 	case 429:
 		return KindBusy
-	case 501:
+	case 405, 422, 501:
 		return KindUnsupported
+	}
+	if status >= 400 && status < 500 {
+		return KindInvalid // another 4xx: the request was at fault
 	}
 	return KindInternal
 }

@@ -647,3 +647,106 @@ func TestOpenAPISecrets(t *testing.T) {
 		t.Errorf("NetworkPolicy.conn_rate: want a number, got %v", props["conn_rate"])
 	}
 }
+
+// unsupportedOps are the operations that can answer unsupported (422),
+// each with the code that refuses: a tier or host feature this daemon may
+// lack. TestOpenAPIErrorStatuses holds the document to exactly this list.
+var unsupportedOps = map[string]string{
+	"POST /v1/sandboxes":                      "Manager.Create: tierByName, networking off, disk quota without btrfs; git clone",
+	"POST /v1/sandboxes/{id}/start":           "Manager.boot: the sandbox's tier is not available",
+	"POST /v1/sandboxes/{id}/exec":            "agent handleLimits: the tier enforces its pids limit outside the agent",
+	"POST /v1/sandboxes/{id}/processes":       "agent handleLimits, as exec",
+	"PUT /v1/sandboxes/{id}/network":          "Manager.SetNetwork: networking off, or the tier cannot change it live",
+	"GET /v1/sandboxes/{id}/ports/{port}/tcp": "Manager.DialPort: networking off",
+	"GET /v1/sandboxes/{id}/stats":            "Manager.Stats: the tier reports no usage",
+	"POST /v1/sandboxes/{id}/pause":           "Manager.Pause: the tier cannot pause",
+	"POST /v1/sandboxes/{id}/resume":          "Manager.resumeLocked: the tier of a hibernated sandbox is not available",
+	"POST /v1/sandboxes/{id}/hibernate":       "Manager.checkpointer: the tier cannot keep memory",
+	"POST /v1/sandboxes/{id}/escalate":        "Manager.Escalate: tierByName",
+	"POST /v1/sandboxes/{id}/snapshots":       "Manager.Snapshot: checkpointer (memory), frozen",
+	"POST /v1/sandboxes/{id}/restore":         "Manager.Restore: checkpointer (memory), boot",
+	"POST /v1/sandboxes/{id}/fork":            "Manager.Fork: checkpointer (memory), frozen, quota",
+	"GET /v1/sandboxes/{id}/diff":             "Server.snapshot: Manager.frozen",
+	"POST /v1/sandboxes/{id}/export":          "Server.snapshot: Manager.frozen",
+	"POST /v1/sandboxes/{id}/commit":          "Server.snapshot: Manager.frozen",
+	"POST /v1/volumes":                        "Manager.CreateVolume: a size without btrfs quotas",
+	"POST /v1/images/import":                  "Manager.ImportImage: quotas",
+	"POST /v1/images/build":                   "Manager.Build: mmdebstrap missing",
+	"GET /v1/images/save":                     "Manager.SaveImages: the host image",
+	"GET /v1/snapshots/{id}/archive":          "Manager.SnapshotArchive: the host image",
+	"POST /v1/snapshots/load":                 "Manager.LoadSnapshot: quota without btrfs",
+}
+
+// TestOpenAPIErrorStatuses checks that each operation lists every error
+// status the server's shared machinery can give it (schemathesis's
+// status_code_conformance fails on any other):
+//   - 401 (the bearer token) and 500 everywhere but the preview proxy and
+//     /mcp, which check their own tokens;
+//   - 400 where the request has a body, a query parameter (but ?sandbox=,
+//     a lookup) or an image name (malformed values);
+//   - 400, 413 and 429 where it has a JSON body (decoding, size, the
+//     per-caller budget);
+//   - 404 and 409 on a sandbox's routes (no such sandbox; stopped, or
+//     stopped while the request ran);
+//   - 400 and 404 on /mcp (no or an unknown session);
+//   - 422 exactly on unsupportedOps.
+func TestOpenAPIErrorStatuses(t *testing.T) {
+	doc := openAPIDoc(t)
+	seen := map[string]bool{}
+	for p, item := range obj(doc["paths"]) {
+		for m, op := range obj(item) {
+			if !httpMethods[m] {
+				continue
+			}
+			k := strings.ToUpper(m) + " " + p
+			resps := obj(obj(op)["responses"])
+			var want []string
+			own := strings.HasPrefix(p, "/preview/") || p == "/mcp"
+			if !own {
+				want = append(want, "401", "500")
+			}
+			if p == "/mcp" {
+				// The transport's own refusals (no or an unknown
+				// Mcp-Session-Id), as error documents (server.Mount).
+				want = append(want, "400", "404")
+			}
+			// Query parameters are parsed and checked; path parameters
+			// and ?sandbox= are looked up as given (404 if no such
+			// thing), except image names, which are parsed.
+			params := 0
+			for _, pr := range append(asList(obj(item)["parameters"]), asList(obj(op)["parameters"])...) {
+				pr = resolve(t, doc, pr)
+				in, name := obj(pr)["in"], obj(pr)["name"]
+				if (in == "query" && name != "sandbox") || (in == "path" && strings.HasPrefix(p, "/v1/images/")) {
+					params++
+				}
+			}
+			body := obj(obj(op)["requestBody"])
+			if params > 0 || body != nil {
+				want = append(want, "400")
+			}
+			if obj(body["content"])["application/json"] != nil {
+				want = append(want, "413", "429")
+			}
+			if strings.HasPrefix(p, "/v1/sandboxes/{id}") {
+				want = append(want, "404", "409")
+			}
+			if _, ok := unsupportedOps[k]; ok {
+				seen[k] = true
+				want = append(want, "422")
+			} else if resps["422"] != nil {
+				t.Errorf("%s: documents 422 unsupported, but is not in unsupportedOps (add it with the code that refuses)", k)
+			}
+			for _, code := range want {
+				if resps[code] == nil {
+					t.Errorf("%s: no %s response", k, code)
+				}
+			}
+		}
+	}
+	for k := range unsupportedOps {
+		if !seen[k] {
+			t.Errorf("unsupportedOps lists %s, which the document does not have", k)
+		}
+	}
+}

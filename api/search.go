@@ -10,6 +10,10 @@ const (
 	SearchMaxVisit = 200000
 	// GrepMaxFileSize: larger files are skipped by grep (and counted).
 	GrepMaxFileSize = 16 << 20
+	// GrepMaxBytes bounds the bytes one grep reads: it stops, truncated,
+	// before the file that would pass it, so one request cannot read a
+	// whole image (SearchMaxVisit files of GrepMaxFileSize each).
+	GrepMaxBytes = 256 << 20
 	// GrepMaxLineBytes: a matching line is cut to this many bytes.
 	GrepMaxLineBytes = 512
 )
@@ -35,7 +39,9 @@ type GrepResult struct {
 	Matches []GrepMatch `json:"matches"`
 	// Files is the number of files searched; Skipped those left out
 	// because they are binary or larger than GrepMaxFileSize.
-	Files     int  `json:"files"`
-	Skipped   int  `json:"skipped,omitempty"`
+	Files   int `json:"files"`
+	Skipped int `json:"skipped,omitempty"`
+	// Truncated is set when the limit of matches, SearchMaxVisit entries
+	// walked or GrepMaxBytes read stopped the search early.
 	Truncated bool `json:"truncated,omitempty"`
 }

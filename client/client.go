@@ -295,29 +295,12 @@ func isDialError(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
 }
 
-// statusKinds maps HTTP statuses to error kinds, for answers that are not
-// error documents.
-var statusKinds = map[int]string{
-	http.StatusBadRequest:            api.KindInvalid,
-	http.StatusUnauthorized:          api.KindUnauthorized,
-	http.StatusForbidden:             api.KindUnauthorized,
-	http.StatusNotFound:              api.KindNotFound,
-	http.StatusMethodNotAllowed:      api.KindUnsupported,
-	http.StatusConflict:              api.KindConflict,
-	http.StatusRequestEntityTooLarge: api.KindTooLarge,
-	http.StatusNotImplemented:        api.KindUnsupported,
-	http.StatusTooManyRequests:       api.KindBusy,
-}
-
 // decodeError turns a non-2xx answer into an *api.Error: the error document
 // if the body is one, else an Error made of the status and the body's first
 // 200 bytes.
 func decodeError(resp *http.Response) *api.Error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	kind, ok := statusKinds[resp.StatusCode]
-	if !ok {
-		kind = api.KindInternal
-	}
+	kind := api.KindForStatus(resp.StatusCode)
 	var doc api.ErrorDoc
 	if json.Unmarshal(body, &doc) == nil && doc.Error != nil && (doc.Error.Kind != "" || doc.Error.Message != "") {
 		e := doc.Error

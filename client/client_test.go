@@ -995,9 +995,9 @@ func TestSaveImages(t *testing.T) {
 	if r.Method != "GET" || r.Path != "/v1/images/save" || r.Query != "name=a%3A1&name=reg.example%2Fb%3A2" || r.Header.Get("Accept") != "application/x-tar" {
 		t.Errorf("save sent %s %s?%s Accept %q", r.Method, r.Path, r.Query, r.Header.Get("Accept"))
 	}
-	f.reset(jsonAnswer(501, api.ErrorDoc{Error: &api.Error{Kind: api.KindUnsupported, Message: "image \"x\" is built on this host's own files"}}))
+	f.reset(jsonAnswer(422, api.ErrorDoc{Error: &api.Error{Kind: api.KindUnsupported, Message: "image \"x\" is built on this host's own files"}}))
 	if _, err := c.SaveImages(ctx, []string{"x"}); !errors.Is(err, api.ErrUnsupported) {
-		t.Errorf("save 501: %v", err)
+		t.Errorf("save 422: %v", err)
 	}
 	if _, err := c.SaveImages(ctx, nil); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("save of nothing: %v", err)

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 need_go=$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$(dirname "$0")/../go.mod")
-pkgs=(ca-certificates git util-linux iproute2 bubblewrap python3 busybox-static mmdebstrap tmux nftables curl btrfs-progs e2fsprogs runsc qemu-system-x86 linux-image-cloud-amd64 erofs-utils openssh-client openssh-server chromium)
+pkgs=(ca-certificates git util-linux iproute2 bubblewrap python3 python3-venv busybox-static mmdebstrap tmux nftables curl btrfs-progs e2fsprogs runsc qemu-system-x86 linux-image-cloud-amd64 erofs-utils openssh-client openssh-server chromium)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -31,6 +31,9 @@ go test -count=1 -timeout 30m ./...
 # The gvisor tier with Debian's 2022 runsc too (the tests above use the
 # current one scripts/deps.sh puts in /usr/local/bin).
 DEN_RUNSC=/usr/bin/runsc go test -count=1 -timeout 5m ./internal/isolate/gvisor/
+# schemathesis drives a real daemon from api/openapi.json: no 5xx, every
+# status documented, every answer matching its schema.
+DEN_SCHEMATHESIS_TIME=${DEN_SCHEMATHESIS_TIME:-120} scripts/schemathesis.sh
 # Every fuzz target for a few seconds each on top of the seed replay above
 # (a crasher stays in the package's testdata/fuzz as a seed).
 DEN_FUZZTIME=${DEN_FUZZTIME:-5s} scripts/fuzz.sh

@@ -141,12 +141,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 				if !errors.As(err, &e) {
 					e = &api.Error{Kind: api.KindInternal, Message: err.Error()}
 				}
-				status := map[string]int{api.KindInvalid: 400, api.KindNotFound: 404, api.KindConflict: 409, api.KindExists: 409,
-					api.KindTooLarge: 413, api.KindUnsupported: 501}[e.Kind]
-				if status == 0 {
-					status = 500
-				}
-				writeJSON(w, status, api.ErrorDoc{Error: e})
+				writeJSON(w, api.HTTPStatus(e.Kind), api.ErrorDoc{Error: e})
 			}
 		})
 	}

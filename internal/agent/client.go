@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/den-dev/den/api"
@@ -19,6 +20,9 @@ import (
 // errors are re-wrapped.
 type Client struct {
 	hc *http.Client
+	// gone, once set, is the error for a request that fails on the way
+	// to the agent or back: its sandbox is being stopped or removed.
+	gone atomic.Pointer[api.Error]
 }
 
 // NewClient returns a client that reaches the agent through dial.
@@ -47,6 +51,38 @@ func (c *Client) HTTP() *http.Client { return c.hc }
 // Close drops idle connections.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
+// Gone marks the agent as going away (its sandbox is being stopped or
+// removed; the daemon calls it before it ends the sandbox). From then on a
+// request that fails in transport, the connection refused, reset or cut
+// short, fails with err (a conflict naming what happened) instead of as
+// den's own failure: it raced the stop, the server did not break.
+func (c *Client) Gone(err *api.Error) { c.gone.Store(err) }
+
+// transportError is err, a request's failure to reach the agent or read its
+// answer, or the Gone error if the agent is going away. Errors of another
+// kind (the agent's own answers) pass unchanged.
+func (c *Client) transportError(err error) error {
+	if g := c.gone.Load(); g != nil && api.KindOf(err) == api.KindInternal {
+		return g
+	}
+	return err
+}
+
+// goneBody is an answer's body whose read errors become the Gone error
+// once the agent is going away.
+type goneBody struct {
+	io.ReadCloser
+	c *Client
+}
+
+func (b goneBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		err = b.c.transportError(err)
+	}
+	return n, err
+}
+
 // Do sends a request to the agent. path is the agent's path ("/files/list")
 // and query its parameters. A non-2xx answer is returned as *api.Error.
 func (c *Client) Do(ctx context.Context, method, path string, query url.Values, body io.Reader, hdr http.Header) (*http.Response, error) {
@@ -63,8 +99,9 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("agent %s %s: %w", method, path, err)
+		return nil, c.transportError(fmt.Errorf("agent %s %s: %w", method, path, err))
 	}
+	resp.Body = goneBody{resp.Body, c}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
 		return nil, decodeError(resp)
@@ -101,7 +138,10 @@ func (c *Client) JSON(ctx context.Context, method, path string, query url.Values
 		return nil
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(out); err != nil {
-		return fmt.Errorf("agent %s %s: decode answer: %w", method, path, err)
+		if api.KindOf(err) != api.KindInternal {
+			return err // the Gone error, from goneBody
+		}
+		return c.transportError(fmt.Errorf("agent %s %s: decode answer: %w", method, path, err))
 	}
 	return nil
 }

@@ -25,6 +25,9 @@ import (
 // with ".." are refused. Output is bounded by a match limit and by the
 // number of entries walked (api.SearchMaxVisit).
 
+// grepMaxBytes is api.GrepMaxBytes, a variable for tests.
+var grepMaxBytes int64 = api.GrepMaxBytes
+
 // searchRoutes adds the search routes to the agent's mux.
 func (a *Agent) searchRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /files/glob", a.handleGlob)
@@ -260,6 +263,7 @@ func grep(ctx context.Context, q map[string][]string) (*api.GrepResult, error) {
 		}
 	}
 	res := &api.GrepResult{Matches: []api.GrepMatch{}}
+	budget := grepMaxBytes
 	full, err := walk(ctx, root, func(p string, rel []string, d fs.DirEntry) error {
 		if !d.Type().IsRegular() {
 			return nil
@@ -274,10 +278,12 @@ func grep(ctx context.Context, q map[string][]string) (*api.GrepResult, error) {
 				return nil
 			}
 		}
-		more, skipped := grepFile(p, re, res, limit)
-		if skipped {
+		more, skipped := grepFile(p, re, res, limit, &budget)
+		switch {
+		case skipped && !more: // past the byte budget: not read
+		case skipped:
 			res.Skipped++
-		} else {
+		default:
 			res.Files++
 		}
 		if !more {
@@ -294,9 +300,10 @@ func grep(ctx context.Context, q map[string][]string) (*api.GrepResult, error) {
 }
 
 // grepFile adds the matching lines of the regular file p to res; it
-// reports false once res holds limit matches and whether p was skipped
+// reports false once res holds limit matches or p would take more than
+// the bytes left in budget (then p is not read), and whether p was skipped
 // (unreadable, binary, too large, or no longer a regular file).
-func grepFile(p string, re *regexp.Regexp, res *api.GrepResult, limit int) (more, skipped bool) {
+func grepFile(p string, re *regexp.Regexp, res *api.GrepResult, limit int, budget *int64) (more, skipped bool) {
 	f, err := openFile(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return true, true
@@ -306,6 +313,10 @@ func grepFile(p string, re *regexp.Regexp, res *api.GrepResult, limit int) (more
 	if err != nil || !st.Mode().IsRegular() || st.Size() > api.GrepMaxFileSize {
 		return true, true
 	}
+	if st.Size() > *budget {
+		return false, true
+	}
+	*budget -= st.Size()
 	b, err := io.ReadAll(io.LimitReader(f, api.GrepMaxFileSize+1))
 	if err != nil || len(b) > api.GrepMaxFileSize || bytes.IndexByte(b[:min(len(b), 8000)], 0) >= 0 {
 		return true, true

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -129,5 +130,29 @@ func TestGrep(t *testing.T) {
 	}
 	if _, err := grep(context.Background(), map[string][]string{"pattern": {"x"}, "path": {filepath.Join(root, "nosuch")}}); api.KindOf(err) != api.KindNotFound {
 		t.Errorf("grep in a missing directory: want not_found, got %v", err)
+	}
+}
+
+// TestGrepByteBudget: a grep stops, truncated, before the file that would
+// take it past grepMaxBytes, however many files are left to walk.
+func TestGrepByteBudget(t *testing.T) {
+	root := t.TempDir()
+	line := strings.Repeat("x", 99) + "\n"
+	for i := 0; i < 10; i++ {
+		if err := os.WriteFile(filepath.Join(root, fmt.Sprintf("f%d", i)), []byte(strings.Repeat(line, 10)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := map[string][]string{"pattern": {"^x"}, "path": {root}}
+	// The control: with room for all, every file is read.
+	res, err := grep(context.Background(), q)
+	if err != nil || res.Files != 10 || res.Truncated || len(res.Matches) != 100 {
+		t.Fatalf("grep within the budget: %d files, truncated %v, %d matches, %v; want 10, false, 100", res.Files, res.Truncated, len(res.Matches), err)
+	}
+	defer func(n int64) { grepMaxBytes = n }(grepMaxBytes)
+	grepMaxBytes = 3500 // three files of 1000 bytes and a half
+	res, err = grep(context.Background(), q)
+	if err != nil || res.Files != 3 || res.Skipped != 0 || !res.Truncated || len(res.Matches) != 30 {
+		t.Errorf("grep past the budget: %d files, %d skipped, truncated %v, %d matches, %v; want 3, 0, true, 30", res.Files, res.Skipped, res.Truncated, len(res.Matches), err)
 	}
 }

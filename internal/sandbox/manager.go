@@ -823,6 +823,7 @@ func (m *Manager) watch(id string, b isolate.Box) {
 		}
 		delete(m.boxes, id)
 		m.mu.Unlock()
+		retire(b, id, api.StateFailed)
 		b.Stop(context.Background())
 		reason := "its init process ended"
 		if r, ok := b.(interface{ ExitReason() string }); ok && r.ExitReason() != "" {
@@ -835,6 +836,17 @@ func (m *Manager) watch(id string, b isolate.Box) {
 		m.log.Warn("sandbox failed", "id", id, "reason", reason)
 		m.event(id, "sandbox.died", map[string]any{"reason": reason})
 	}()
+}
+
+// retire marks the agent of b, a box the manager just took out of its
+// view, as going away before it is stopped: a request that got the agent
+// before and fails on its connection now answers conflict ("sandbox X
+// stopped while the request ran") rather than internal. what is the
+// sandbox's new state (stopped, hibernated, failed) or "removed".
+func retire(b isolate.Box, id, what string) {
+	if ag := b.Agent(); ag != nil {
+		ag.Gone(api.Errorf(api.KindConflict, "sandbox %s %s while the request ran", id[:min(12, len(id))], what))
+	}
 }
 
 // Get returns one sandbox, with its disk use as of now.
@@ -890,6 +902,7 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 	m.mu.Unlock()
 	m.sampleOne(rec.ID, b) // the last reading, while the cgroup still counts
 	if b != nil {
+		retire(b, rec.ID, state)
 		if err := b.Stop(ctx); err != nil {
 			return fmt.Errorf("stop sandbox: %w", err)
 		}
@@ -960,6 +973,9 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	delete(m.procCache, rec.ID)
 	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
+	if b != nil {
+		retire(b, rec.ID, "removed")
+	}
 	setCachedHashes(rec.ID, nil)
 	if err := m.db.DeleteSandbox(ctx, rec.ID); err != nil {
 		return err

@@ -169,6 +169,7 @@ func (m *Manager) dropBox(ctx context.Context, rec *record, b isolate.Box) {
 		delete(m.boxes, rec.ID)
 	}
 	m.mu.Unlock()
+	retire(b, rec.ID, api.StateStopped)
 	b.Stop(ctx)
 	rec.State, rec.Pid = api.StateStopped, 0
 }

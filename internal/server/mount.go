@@ -12,7 +12,8 @@ import (
 // authentication as every other route (the listener's wrapper sets the
 // request's principal first), for front ends built outside this package,
 // like the MCP endpoint: s.Mount("/mcp", h).
-func (s *Server) Mount(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+// Its error answers are den error documents (errorDocs).
+func (s *Server) Mount(pattern string, h http.Handler) { s.mux.Handle(pattern, errorDocs(h)) }
 
 // CallerID names the principal a request acts for, for binding a front
 // end's sessions to their caller; "" when the request has none.
