@@ -198,6 +198,9 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 			return nil, err
 		}
 	}
+	if err := pinBridgeMAC(br); err != nil {
+		return nil, fmt.Errorf("bridge %s: %w", cfg.Bridge, err)
+	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.gw.AsSlice(), Mask: net.CIDRMask(cfg.Subnet.Bits(), 32)}}
 	if err := netlink.AddrReplace(br, addr); err != nil {
 		return nil, fmt.Errorf("address bridge %s: %w", cfg.Bridge, err)
@@ -854,4 +857,25 @@ func (b *box) AllowUDP(cidrs []netip.Prefix) error {
 		return errors.New("the sandbox has no network interface")
 	}
 	return b.rt.net.SetUDPAllow(b.spec.NetSlot, cidrs)
+}
+
+// pinBridgeMAC gives the bridge a MAC address of its own (locally
+// administered, from its name) unless one was set. Left to the kernel, a
+// bridge takes the lowest MAC among its ports and changes it when a sandbox
+// with a lower one joins: every other sandbox's ARP entry for the gateway
+// then points at a MAC nobody answers to, and its DNS and proxied
+// connections go nowhere until the entry goes stale.
+func pinBridgeMAC(br netlink.Link) error {
+	b, err := os.ReadFile("/sys/class/net/" + br.Attrs().Name + "/addr_assign_type")
+	if err == nil && strings.TrimSpace(string(b)) == "3" { // NET_ADDR_SET
+		return nil
+	}
+	h := fnv.New64a()
+	h.Write([]byte("den bridge " + br.Attrs().Name))
+	sum := h.Sum(nil)
+	mac := net.HardwareAddr{0x02, sum[0], sum[1], sum[2], sum[3], sum[4]}
+	if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
+		return fmt.Errorf("set its MAC address: %w", err)
+	}
+	return nil
 }
