@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -17,25 +15,11 @@ import (
 // sandbox's ARP entry for the gateway would point nowhere: their DNS and
 // proxied connections died until the entry went stale).
 func TestBridgeMACStays(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (bridge, nftables)")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("needs nftables")
-	}
-	id := os.Getpid() % 100000
-	cfg := NetworkConfig{
-		Bridge: fmt.Sprintf("denm%d", id), Table: fmt.Sprintf("denmac%d", id),
-		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.203.%d.0/24", id%200)),
-		Transparent: 1, DNS: 2, HTTPProxy: 3,
-	}
-	veth := fmt.Sprintf("denmv%d", id)
-	t.Cleanup(func() {
-		exec.Command("nft", "delete", "table", "inet", cfg.Table).Run()
-		for _, name := range []string{veth, cfg.Bridge} {
-			if l, err := netlink.LinkByName(name); err == nil {
-				netlink.LinkDel(l)
-			}
+	cfg := testNetworkConfig(t, "denm", "denmac", 203)
+	veth := fmt.Sprintf("denmv%d", os.Getpid()%100000)
+	t.Cleanup(func() { // before the bridge goes (cleanups run last-in, first-out)
+		if l, err := netlink.LinkByName(veth); err == nil {
+			netlink.LinkDel(l)
 		}
 	})
 	if _, err := NewNetwork(cfg); err != nil {

@@ -15,24 +15,7 @@ import (
 // atomically, cleared by Detach, and kept across a new daemon's
 // NewNetwork.
 func TestUDPAllowances(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (bridge, nftables)")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("needs nftables")
-	}
-	id := os.Getpid() % 100000
-	cfg := NetworkConfig{
-		Bridge: fmt.Sprintf("denu%d", id), Table: fmt.Sprintf("denudp%d", id),
-		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.202.%d.0/24", id%200)),
-		Transparent: 1, DNS: 2, HTTPProxy: 3,
-	}
-	t.Cleanup(func() {
-		exec.Command("nft", "delete", "table", "inet", cfg.Table).Run()
-		if l, err := netlink.LinkByName(cfg.Bridge); err == nil {
-			netlink.LinkDel(l)
-		}
-	})
+	cfg := testNetworkConfig(t, "denu", "denudp", 202)
 	n, err := NewNetwork(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -98,4 +81,30 @@ func TestUDPAllowances(t *testing.T) {
 	if s, ok := n2.Slot(v6); !ok || s != 1 {
 		t.Fatalf("Slot(%s) = %d %v", v6, s, ok)
 	}
+}
+
+// testNetworkConfig is a network of the test's own: bridge PREFIX<pid>,
+// nftables table TABLE<pid>, subnet 10.NET.x.0/24, both removed when the
+// test ends. It skips without root or nftables.
+func testNetworkConfig(t *testing.T, prefix, table string, net int) NetworkConfig {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (bridge, nftables)")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nftables")
+	}
+	id := os.Getpid() % 100000
+	cfg := NetworkConfig{
+		Bridge: fmt.Sprintf("%s%d", prefix, id), Table: fmt.Sprintf("%s%d", table, id),
+		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", net, id%200)),
+		Transparent: 1, DNS: 2, HTTPProxy: 3,
+	}
+	t.Cleanup(func() {
+		exec.Command("nft", "delete", "table", "inet", cfg.Table).Run()
+		if l, err := netlink.LinkByName(cfg.Bridge); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	return cfg
 }
