@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -971,6 +972,14 @@ func TestReapsSandboxes(t *testing.T) {
 // tier: its forks fail inside (EAGAIN), and the box and its agent stay up.
 func TestForkBombContained(t *testing.T) {
 	rt := newRuntime(t)
+	// Containment rests on the sentry enforcing RLIMIT_NPROC. Debian's
+	// runsc of 2022-12-19 does not (measured: 150 sleeps under a limit of
+	// 132 all started, and the host backstop then ended the sandbox);
+	// the runsc scripts/deps.sh builds (2026-09-05) does. Where between
+	// them it came is not known: the test skips only runsc from before 2023.
+	if in := Detect(testRunsc); runscBefore(in.Version, "20230101") {
+		t.Skipf("runsc %s does not enforce RLIMIT_NPROC: a fork bomb ends its sandbox (scripts/deps.sh builds a current runsc)", in.Version)
+	}
 	spec := busyboxSpec(t, busyboxUsr(t), "gbomb")
 	spec.Limits = isolate.Limits{Pids: 100, Memory: 256 << 20}
 	b := start(t, rt, spec)
@@ -1011,4 +1020,13 @@ func TestForkBombContained(t *testing.T) {
 	if got := strings.TrimSpace(mustSh(t, b, "ulimit -u")); got != strconv.Itoa(50+procsReserve) {
 		t.Fatalf("commands' process limit after SetLimits %s, want %d", got, 50+procsReserve)
 	}
+}
+
+// runscBefore reports whether a runsc version names a build date before
+// day (YYYYMMDD): Debian's "0.0~20221219.0" or a go install's
+// "v0.0.0-20260905035102-160fafc42237". Versions without a date are not
+// before anything.
+func runscBefore(version, day string) bool {
+	m := regexp.MustCompile(`(?:~|v0\.0\.0-)(\d{8})`).FindStringSubmatch(version)
+	return m != nil && m[1] < day
 }
