@@ -35,6 +35,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -382,7 +383,11 @@ func objectPath(prefix, what, id string) (string, error) {
 	switch id {
 	case "":
 		return "", &api.Error{Kind: api.KindInvalid, Message: "no " + what + " given"}
-	case ".", "..":
+	}
+	// The server's router cleans the unescaped path before it matches a
+	// route: an id that is ".", "..", "/", or that holds such a segment or
+	// an empty one, would be redirected to another route.
+	if p := prefix + id; path.Clean(p) != p {
 		return "", &api.Error{Kind: api.KindInvalid, Message: fmt.Sprintf("%q is not a %s", id, what)}
 	}
 	return prefix + url.PathEscape(id), nil

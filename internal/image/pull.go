@@ -84,9 +84,10 @@ func (s *Store) pull(ctx context.Context, ref string, opts PullOptions, progress
 		return NamedImage{}, err
 	}
 	registry := r.Context().RegistryStr()
-	if (&url.URL{Host: registry}).Hostname() == "" {
-		// ":" or ":5000" would be dialled as this host's own address.
-		return NamedImage{}, fmt.Errorf("registry %q has no host name", registry)
+	if (&url.URL{Host: registry}).Hostname() == "" || strings.HasSuffix(registry, ":") {
+		// ":" or ":5000" would be dialled as this host's own address, and
+		// "host:" (an empty port) as another host than the one named.
+		return NamedImage{}, fmt.Errorf("registry %q has no host name or an empty port", registry)
 	}
 	platform := opts.Platform
 	if platform == "" {
