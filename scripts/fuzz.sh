@@ -9,6 +9,9 @@
 # testdata/fuzz/FuzzX/ directory, where go test replays it as a seed from
 # then on: commit it with the fix. The script prints one line per target
 # and fails if any target failed.
+# go.mod asks for Go 1.27.4 or later: earlier fuzz coordinators could fail a
+# target with a bare "context deadline exceeded" and no crasher when
+# -fuzztime ran out mid-call (go.dev/issue/75804; CI saw it twice on 1.26.8).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin

@@ -19,6 +19,8 @@ export CGO_ENABLED=0
 # (internal/testenv).
 export DEN_REQUIRE_TIERS=${DEN_REQUIRE_TIERS-linux,gvisor,microvm}
 go build -o bin/den ./cmd/den
+# go.mod and go.sum say exactly what the code imports (nothing to tidy).
+go mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy and commit the result"; exit 1; }
 go vet ./...
 test -z "$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 # What the host holds before the tests: afterwards, anything new (a mount,
