@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -29,18 +29,18 @@ import (
 // transparent proxy with an allow_cidr rule; the peer is the same client
 // run directly on the host.
 const (
-	benchInetAddr = "198.51.100.10"
-	benchInetHost = "198.51.100.1"
-	benchEgressN  = 200
-	benchBigBytes = 1 << 30
-	benchProxyMs  = 1.0 // proxy adds <= 1 ms to connection setup at p50
-	benchProxyPct = 80  // proxied throughput >= 80% of direct
+	inetAddr = "198.51.100.10"
+	inetHost = "198.51.100.1"
+	egressN  = 200
+	bigBytes = 1 << 30
+	proxyMs  = 1.0 // proxy adds <= 1 ms to connection setup at p50
+	proxyPct = 80  // proxied throughput >= 80% of direct
 )
 
-// benchClient is run by python3 in the sandbox and on the host: it times n
+// clientScript is run by python3 in the sandbox and on the host: it times n
 // connect+request+response cycles, then one large download (port 80, or
 // the fourth argument).
-const benchClient = `
+const clientScript = `
 import socket, sys, time, json
 host, n, big = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 port = int(sys.argv[4]) if len(sys.argv) > 4 else 80
@@ -70,18 +70,18 @@ dt = time.perf_counter() - t
 print(json.dumps({"lat": lat, "bytes": got, "secs": dt}))
 `
 
-type benchNet struct {
+type inet struct {
 	ns   netns.NsHandle
 	name string
 	veth string
 	srv  *http.Server
 }
 
-func (b *bench) setupInet() (*benchNet, error) {
+func (b *runner) setupInet() (*inet, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("the egress scenario needs root (it makes a network namespace)")
 	}
-	n := &benchNet{name: fmt.Sprintf("denbench%d", os.Getpid()%100000), veth: fmt.Sprintf("dbi%d", os.Getpid()%100000)}
+	n := &inet{name: fmt.Sprintf("denbench%d", os.Getpid()%100000), veth: fmt.Sprintf("dbi%d", os.Getpid()%100000)}
 	netns.DeleteNamed(n.name)
 	runtime.LockOSThread()
 	orig, _ := netns.Get()
@@ -100,19 +100,19 @@ func (b *bench) setupInet() (*benchNet, error) {
 	}
 	host, _ := netlink.LinkByName(n.veth)
 	peer, _ := netlink.LinkByName(n.veth + "p")
-	netlink.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(benchInetHost), Mask: net.CIDRMask(24, 32)}})
+	netlink.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(inetHost), Mask: net.CIDRMask(24, 32)}})
 	netlink.LinkSetUp(host)
 	netlink.LinkSetNsFd(peer, int(ns))
 	h, _ := netlink.NewHandleAt(ns)
 	p, _ := h.LinkByName(n.veth + "p")
-	h.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(benchInetAddr), Mask: net.CIDRMask(24, 32)}})
+	h.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(inetAddr), Mask: net.CIDRMask(24, 32)}})
 	h.LinkSetUp(p)
 	lo, _ := h.LinkByName("lo")
 	h.LinkSetUp(lo)
 	h.Close()
 	runtime.LockOSThread()
 	netns.Set(ns)
-	ln, err := net.Listen("tcp4", benchInetAddr+":80")
+	ln, err := net.Listen("tcp4", inetAddr+":80")
 	netns.Set(orig)
 	runtime.UnlockOSThread()
 	if err != nil {
@@ -123,7 +123,7 @@ func (b *bench) setupInet() (*benchNet, error) {
 	n.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/big":
-			for sent := 0; sent < benchBigBytes; sent += len(chunk) {
+			for sent := 0; sent < bigBytes; sent += len(chunk) {
 				if _, err := w.Write(chunk); err != nil {
 					return
 				}
@@ -140,7 +140,7 @@ func (b *bench) setupInet() (*benchNet, error) {
 	return n, nil
 }
 
-func (n *benchNet) close() {
+func (n *inet) close() {
 	if n.srv != nil {
 		n.srv.Close()
 	}
@@ -151,19 +151,19 @@ func (n *benchNet) close() {
 	netns.DeleteNamed(n.name)
 }
 
-type benchClientResult struct {
+type clientResult struct {
 	Lat   []float64 `json:"lat"`
 	Bytes int64     `json:"bytes"`
 	Secs  float64   `json:"secs"`
 	CPU   float64   `json:"-"` // CPU seconds the whole machine spent (busy time) during the run
 }
 
-// benchSpliceProxy is the reference for the throughput target: the
+// spliceProxy is the reference for the throughput target: the
 // simplest TCP-terminating proxy (Go's io.Copy between two TCP
 // connections, which splices in the kernel) on the host's loopback, in
 // front of the same server. No proxy that terminates TCP does better on
 // this machine: the difference to direct is the second TCP connection.
-func benchSpliceProxy() (net.Listener, error) {
+func spliceProxy() (net.Listener, error) {
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -176,7 +176,7 @@ func benchSpliceProxy() (net.Listener, error) {
 			}
 			go func() {
 				defer c.Close()
-				u, err := net.Dial("tcp4", benchInetAddr+":80")
+				u, err := net.Dial("tcp4", inetAddr+":80")
 				if err != nil {
 					return
 				}
@@ -189,9 +189,9 @@ func benchSpliceProxy() (net.Listener, error) {
 	return ln, nil
 }
 
-// benchBusyCPU is the machine's busy CPU time so far, in seconds (user,
+// busyCPU is the machine's busy CPU time so far, in seconds (user,
 // nice, system, irq, softirq and steal of /proc/stat).
-func benchBusyCPU() float64 {
+func busyCPU() float64 {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0
@@ -211,24 +211,24 @@ func benchBusyCPU() float64 {
 // egress: connection setup and throughput through den's transparent proxy
 // against the same client on the host, and 1,000 concurrent proxied
 // connections from 20 sandboxes.
-func (b *bench) egress(ctx context.Context) error {
-	n := b.iterations(benchEgressN)
+func (b *runner) egress(ctx context.Context) error {
+	n := b.iterations(egressN)
 	inet, err := b.setupInet()
 	if err != nil {
 		return err
 	}
 	defer inet.close()
-	sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels(), Network: &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{benchInetAddr + "/32"}}})
+	sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels(), Network: &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{inetAddr + "/32"}}})
 	if err != nil {
 		return fmt.Errorf("create a networked sandbox (does the daemon run with --net?): %w", err)
 	}
 	defer b.cl.Remove(context.WithoutCancel(ctx), sb.ID, true)
-	args := []string{"-c", benchClient, benchInetAddr, strconv.Itoa(n), "0"}
-	var viaDen, direct benchClientResult
-	run := func(inside bool, dst *benchClientResult, extra ...string) error {
+	args := []string{"-c", clientScript, inetAddr, strconv.Itoa(n), "0"}
+	var viaDen, direct clientResult
+	run := func(inside bool, dst *clientResult, extra ...string) error {
 		var out []byte
-		cpu0 := benchBusyCPU()
-		defer func() { dst.CPU = benchBusyCPU() - cpu0 }()
+		cpu0 := busyCPU()
+		defer func() { dst.CPU = busyCPU() - cpu0 }()
 		if inside {
 			res, err := b.cl.Exec(ctx, sb.ID, api.ExecRequest{Cmd: append([]string{"python3"}, args...), Timeout: api.Duration(5 * time.Minute)})
 			if err != nil {
@@ -261,7 +261,7 @@ func (b *bench) egress(ctx context.Context) error {
 	args[3] = "0"
 	// Three interleaved downloads of 1 GiB each way (and through the
 	// reference proxy); the medians compare.
-	ref, err := benchSpliceProxy()
+	ref, err := spliceProxy()
 	if err != nil {
 		return err
 	}
@@ -271,9 +271,9 @@ func (b *bench) egress(ctx context.Context) error {
 		a[2] = "127.0.0.1"
 		return a
 	}
-	var dens, directs, refs []benchClientResult
+	var dens, directs, refs []clientResult
 	for i := 0; i < 3; i++ {
-		var d, p, r benchClientResult
+		var d, p, r clientResult
 		if err := run(true, &d); err != nil {
 			return err
 		}
@@ -290,7 +290,7 @@ func (b *bench) egress(ctx context.Context) error {
 		dens, directs, refs = append(dens, d), append(directs, p), append(refs, r)
 		b.progress("egress download", i+1, 3)
 	}
-	median := func(rs []benchClientResult) benchClientResult {
+	median := func(rs []clientResult) clientResult {
 		sort.Slice(rs, func(i, j int) bool { return float64(rs[i].Bytes)/rs[i].Secs < float64(rs[j].Bytes)/rs[j].Secs })
 		return rs[len(rs)/2]
 	}
@@ -302,31 +302,31 @@ func (b *bench) egress(ctx context.Context) error {
 		}
 		return d
 	}
-	dr := benchStatsRow("egress", "connect+request through den's proxy (sandbox)", toDur(viaDen.Lat))
-	pr := benchStatsRow("egress", "connect+request direct (host, peer)", toDur(direct.Lat))
+	dr := statsRow("egress", "connect+request through den's proxy (sandbox)", toDur(viaDen.Lat))
+	pr := statsRow("egress", "connect+request direct (host, peer)", toDur(direct.Lat))
 	added := dr.p50() - pr.p50()
 	dr.compare(pr, "direct p50")
-	dr.judge(fmt.Sprintf("adds ≤ %gms at p50 (adds %.2fms)", benchProxyMs, added), added, benchProxyMs)
-	mbps := func(r benchClientResult) float64 { return float64(r.Bytes) / (1 << 20) / r.Secs }
-	td := &benchRow{Scenario: "egress", Subject: "1 GiB download through den's proxy (MiB/s, median of 3)", N: 3, Unit: "MiB/s", Mean: benchPtr(mbps(bigDen))}
-	tp := &benchRow{Scenario: "egress", Subject: "1 GiB download direct (MiB/s, median of 3, peer)", N: 3, Unit: "MiB/s", Mean: benchPtr(mbps(bigDirect))}
+	dr.judge(fmt.Sprintf("adds ≤ %gms at p50 (adds %.2fms)", proxyMs, added), added, proxyMs)
+	mbps := func(r clientResult) float64 { return float64(r.Bytes) / (1 << 20) / r.Secs }
+	td := &Row{Scenario: "egress", Subject: "1 GiB download through den's proxy (MiB/s, median of 3)", N: 3, Unit: "MiB/s", Mean: ptr(mbps(bigDen))}
+	tp := &Row{Scenario: "egress", Subject: "1 GiB download direct (MiB/s, median of 3, peer)", N: 3, Unit: "MiB/s", Mean: ptr(mbps(bigDirect))}
 	pct := 100 * mbps(bigDen) / mbps(bigDirect)
-	td.Ratio, td.RatioOf = benchPtr(pct/100), "direct"
-	td.Target, td.Verdict = fmt.Sprintf("≥ %d%% of direct", benchProxyPct), map[bool]string{true: "PASS", false: "FAIL"}[pct >= benchProxyPct]
-	gib := func(r benchClientResult) float64 { return r.CPU / (float64(r.Bytes) / (1 << 30)) }
+	td.Ratio, td.RatioOf = ptr(pct/100), "direct"
+	td.Target, td.Verdict = fmt.Sprintf("≥ %d%% of direct", proxyPct), map[bool]string{true: "PASS", false: "FAIL"}[pct >= proxyPct]
+	gib := func(r clientResult) float64 { return r.CPU / (float64(r.Bytes) / (1 << 30)) }
 	td.Note = fmt.Sprintf("CPU per GiB, whole machine: %.2f s through den, %.2f s direct, %.2f s through the reference proxy", gib(bigDen), gib(bigDirect), gib(bigRef))
-	if bigDen.Bytes < benchBigBytes || bigDirect.Bytes < benchBigBytes {
+	if bigDen.Bytes < bigBytes || bigDirect.Bytes < bigBytes {
 		td.Verdict, td.Note = "FAIL", fmt.Sprintf("short download: %d / %d bytes", bigDen.Bytes, bigDirect.Bytes)
 	}
-	tr := &benchRow{Scenario: "egress", Subject: "1 GiB download through a plain splice proxy on loopback (MiB/s, median of 3, reference)", N: 3, Unit: "MiB/s", Mean: benchPtr(mbps(bigRef))}
-	tr.Ratio, tr.RatioOf = benchPtr(mbps(bigRef)/mbps(bigDirect)), "direct"
+	tr := &Row{Scenario: "egress", Subject: "1 GiB download through a plain splice proxy on loopback (MiB/s, median of 3, reference)", N: 3, Unit: "MiB/s", Mean: ptr(mbps(bigRef))}
+	tr.Ratio, tr.RatioOf = ptr(mbps(bigRef)/mbps(bigDirect)), "direct"
 	tr.Note = "the ceiling of any TCP-terminating proxy here: Go io.Copy (splice) between two TCP connections, loopback in front"
 	b.add(dr, pr, td, tp, tr)
 	return b.egressConcurrent(ctx)
 }
 
 // egressConcurrent holds 50 connections open from each of 20 sandboxes.
-func (b *bench) egressConcurrent(ctx context.Context) error {
+func (b *runner) egressConcurrent(ctx context.Context) error {
 	const boxes, each = 20, 50
 	hold := fmt.Sprintf(`
 import socket, time
@@ -338,7 +338,7 @@ for i in range(%d):
     socks.append(s)
 print(len(socks), flush=True)
 time.sleep(600)
-`, each, benchInetAddr, benchInetAddr)
+`, each, inetAddr, inetAddr)
 	var ids []string
 	defer func() {
 		for _, id := range ids {
@@ -349,7 +349,7 @@ time.sleep(600)
 	start := time.Now()
 	var procs []string
 	for i := 0; i < boxes; i++ {
-		sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels(), Network: &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{benchInetAddr + "/32"}}})
+		sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels(), Network: &api.NetworkPolicy{Mode: api.NetAllow, AllowCIDR: []string{inetAddr + "/32"}}})
 		if err != nil {
 			return err
 		}
@@ -376,7 +376,7 @@ time.sleep(600)
 		b.progress("egress concurrent", i+1, boxes)
 	}
 	after, _ := b.daemonRSS(ctx)
-	r := &benchRow{Scenario: "egress", Subject: fmt.Sprintf("concurrent proxied connections (%d sandboxes × %d)", boxes, each), N: held, Unit: "count", Mean: benchPtr(float64(held))}
+	r := &Row{Scenario: "egress", Subject: fmt.Sprintf("concurrent proxied connections (%d sandboxes × %d)", boxes, each), N: held, Unit: "count", Mean: ptr(float64(held))}
 	r.Target, r.Verdict = fmt.Sprintf("all %d open", boxes*each), map[bool]string{true: "PASS", false: "FAIL"}[held == boxes*each]
 	r.Note = fmt.Sprintf("in %v; daemon RSS %.1f → %.1f MiB", time.Since(start).Round(time.Millisecond), before/(1<<20), after/(1<<20))
 	b.add(r)

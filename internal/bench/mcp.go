@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 
 // Issue 8's target: an exec of true through MCP over stdio p50 ≤ 5 ms.
 const (
-	benchMCPN       = 500
-	benchMCPLimitMs = 5.0
+	mcpN       = 500
+	mcpLimitMs = 5.0
 )
 
 // mcpScenario: the MCP exec round trip of true over stdio (this den binary
@@ -26,25 +26,21 @@ const (
 // daemon's /mcp (streamable HTTP, when the daemon is on a unix socket),
 // beside the same exec through the HTTP API (the SDK's Exec) as the
 // reference.
-func (b *bench) mcpScenario(ctx context.Context) error {
-	n := b.iterations(benchMCPN)
+func (b *runner) mcpScenario(ctx context.Context) error {
+	n := b.iterations(mcpN)
 	sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
 	if err != nil {
 		return fmt.Errorf("create a sandbox: %w", err)
 	}
 	defer b.cl.Remove(context.WithoutCancel(ctx), sb.ID, true)
 
-	argv := []string{b.cfg.self}
-	if b.cfg.host != "" {
-		argv = append(argv, "--host", b.cfg.host)
-	}
-	argv = append(argv, "mcp")
+	argv := b.denCommand("mcp")
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stderr = os.Stderr
-	mc := sdk.NewClient(&sdk.Implementation{Name: "den-bench", Version: version}, nil)
+	mc := sdk.NewClient(&sdk.Implementation{Name: "den-bench", Version: b.o.Version}, nil)
 	stdio, err := mc.Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
 	if err != nil {
-		return fmt.Errorf("start %s: %w", benchQuote(argv), err)
+		return fmt.Errorf("start %s: %w", Quote(argv), err)
 	}
 	defer stdio.Close()
 	var streamable *sdk.ClientSession
@@ -81,11 +77,11 @@ func (b *bench) mcpScenario(ctx context.Context) error {
 		}
 	}
 	var viaStdio, viaHTTP, viaAPI []time.Duration
-	steps := []benchStep{benchTimed(&viaStdio, mcpExec(stdio, "MCP over stdio"))}
+	steps := []step{timed(&viaStdio, mcpExec(stdio, "MCP over stdio"))}
 	if streamable != nil {
-		steps = append(steps, benchTimed(&viaHTTP, mcpExec(streamable, "MCP over streamable HTTP")))
+		steps = append(steps, timed(&viaHTTP, mcpExec(streamable, "MCP over streamable HTTP")))
 	}
-	steps = append(steps, benchTimed(&viaAPI, func(ctx context.Context) (time.Duration, error) {
+	steps = append(steps, timed(&viaAPI, func(ctx context.Context) (time.Duration, error) {
 		t0 := time.Now()
 		res, err := b.cl.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"true"}})
 		d := time.Since(t0)
@@ -98,13 +94,13 @@ func (b *bench) mcpScenario(ctx context.Context) error {
 	if len(viaStdio) == 0 {
 		return err
 	}
-	sr := benchStatsRow("mcp", "MCP exec true over stdio (den mcp)", viaStdio)
-	ar := benchStatsRow("mcp", "HTTP API exec true (SDK Exec, reference)", viaAPI)
+	sr := statsRow("mcp", "MCP exec true over stdio (den mcp)", viaStdio)
+	ar := statsRow("mcp", "HTTP API exec true (SDK Exec, reference)", viaAPI)
 	sr.compare(ar, "HTTP API p50")
-	sr.judge(fmt.Sprintf("p50 ≤ %gms", benchMCPLimitMs), sr.p50(), benchMCPLimitMs)
-	rows := []*benchRow{sr}
+	sr.judge(fmt.Sprintf("p50 ≤ %gms", mcpLimitMs), sr.p50(), mcpLimitMs)
+	rows := []*Row{sr}
 	if len(viaHTTP) > 0 {
-		hr := benchStatsRow("mcp", "MCP exec true over streamable HTTP (/mcp)", viaHTTP)
+		hr := statsRow("mcp", "MCP exec true over streamable HTTP (/mcp)", viaHTTP)
 		hr.compare(ar, "HTTP API p50")
 		rows = append(rows, hr)
 	}

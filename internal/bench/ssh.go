@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -20,39 +20,35 @@ import (
 // Debian's OpenSSH sshd on loopback (started here on a free port, with a
 // temporary host key and authorized_keys), interleaved.
 const (
-	benchSSHN       = 100
-	benchSSHLimitMs = 100.0 // den p50 <= 100 ms
+	sshN       = 100
+	sshLimitMs = 100.0 // den p50 <= 100 ms
 )
 
-// benchSSHAddr is the gateway the scenario measures: $DEN_SSH_HOST (default
-// 127.0.0.1) and $DEN_SSH_PORT (default 2222).
-func benchSSHAddr() string {
-	host := envOr("DEN_SSH_HOST", "127.0.0.1")
-	return net.JoinHostPort(host, envOr("DEN_SSH_PORT", strconv.Itoa(defaultSSHPort)))
-}
-
 // sshSkipReason says why the ssh scenario cannot run here, or "".
-func sshSkipReason() string {
+func (b *runner) sshSkipReason() string {
+	if b.o.SSHAddr == "" {
+		return "no SSH gateway address given (Options.SSHAddr)"
+	}
 	if _, err := exec.LookPath("ssh"); err != nil {
 		return "ssh not found in PATH (apt-get install openssh-client)"
 	}
-	c, err := net.DialTimeout("tcp", benchSSHAddr(), time.Second)
+	c, err := net.DialTimeout("tcp", b.o.SSHAddr, time.Second)
 	if err != nil {
-		return fmt.Sprintf("no SSH gateway at %s (den serve --ssh %s; or set DEN_SSH_HOST, DEN_SSH_PORT)", benchSSHAddr(), benchSSHAddr())
+		return fmt.Sprintf("no SSH gateway at %s (den serve --ssh %s; or set DEN_SSH_HOST, DEN_SSH_PORT)", b.o.SSHAddr, b.o.SSHAddr)
 	}
 	c.Close()
 	return ""
 }
 
-func (b *bench) sshScenario(ctx context.Context) error {
-	n := b.iterations(benchSSHN)
+func (b *runner) sshScenario(ctx context.Context) error {
+	n := b.iterations(sshN)
 	tmp, err := os.MkdirTemp("", "den-bench-ssh-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
 	key := filepath.Join(tmp, "id_ed25519")
-	if err := benchKeygen(key); err != nil {
+	if err := keygen(key); err != nil {
 		return err
 	}
 	pub, err := os.ReadFile(key + ".pub")
@@ -72,13 +68,13 @@ func (b *bench) sshScenario(ctx context.Context) error {
 
 	common := []string{"ssh", "-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
 		"-o", "LogLevel=ERROR", "-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=" + filepath.Join(tmp, "known_hosts")}
-	host, port, _ := net.SplitHostPort(benchSSHAddr())
+	host, port, _ := net.SplitHostPort(b.o.SSHAddr)
 	denArgv := append(append([]string(nil), common...), "-p", port, sb.ID+"@"+host, "true")
 
-	peer := &benchPeer{Name: "sshd", Note: "Debian's OpenSSH sshd on loopback, a temporary host key and authorized_keys, running true"}
+	peer := &Peer{Name: "sshd", Note: "Debian's OpenSSH sshd on loopback, a temporary host key and authorized_keys, running true"}
 	b.rep.Peers = append(b.rep.Peers, peer)
 	var peerArgv []string
-	sshd, stop, err := benchSSHD(tmp, string(pub))
+	sshd, stop, err := startSSHD(tmp, string(pub))
 	if err != nil {
 		peer.Missing = err.Error()
 		peer.Command = "sshd -D -f CONFIG"
@@ -89,28 +85,28 @@ func (b *bench) sshScenario(ctx context.Context) error {
 			return err
 		}
 		peerArgv = append(append([]string(nil), common...), "-p", strconv.Itoa(sshd), me.Username+"@127.0.0.1", "true")
-		peer.Command = benchQuote(peerArgv)
-		peer.Version = benchVersion("ssh", "-V")
+		peer.Command = Quote(peerArgv)
+		peer.Version = programVersion("ssh", "-V")
 	}
 	fmt.Fprintf(b.errw, "ssh: %d logins each way\n", n)
 	// One untimed warm-up of each (it also records the host keys).
-	if _, err := benchExec(ctx, denArgv, ""); err != nil {
+	if _, err := timeExec(ctx, denArgv, ""); err != nil {
 		return fmt.Errorf("ssh through den's gateway: %w", err)
 	}
 	if peerArgv != nil {
-		if _, err := benchExec(ctx, peerArgv, ""); err != nil {
+		if _, err := timeExec(ctx, peerArgv, ""); err != nil {
 			return fmt.Errorf("ssh to the sshd peer: %w", err)
 		}
 	}
 	var den, ref []time.Duration
 	for i := 0; i < n; i++ {
-		d, err := benchExec(ctx, denArgv, "")
+		d, err := timeExec(ctx, denArgv, "")
 		if err != nil {
 			return fmt.Errorf("ssh through den's gateway: %w", err)
 		}
 		den = append(den, d)
 		if peerArgv != nil {
-			d, err := benchExec(ctx, peerArgv, "")
+			d, err := timeExec(ctx, peerArgv, "")
 			if err != nil {
 				return fmt.Errorf("ssh to the sshd peer: %w", err)
 			}
@@ -118,11 +114,11 @@ func (b *bench) sshScenario(ctx context.Context) error {
 		}
 		b.progress("ssh", i+1, n)
 	}
-	dr := benchStatsRow("ssh", "ssh ID@host true through den's gateway (key exchange included)", den)
-	dr.judge(fmt.Sprintf("p50 ≤ %gms", benchSSHLimitMs), dr.p50(), benchSSHLimitMs)
-	rows := []*benchRow{dr}
+	dr := statsRow("ssh", "ssh ID@host true through den's gateway (key exchange included)", den)
+	dr.judge(fmt.Sprintf("p50 ≤ %gms", sshLimitMs), dr.p50(), sshLimitMs)
+	rows := []*Row{dr}
 	if peerArgv != nil {
-		pr := benchStatsRow("ssh", "ssh user@127.0.0.1 true to OpenSSH's sshd (peer)", ref)
+		pr := statsRow("ssh", "ssh user@127.0.0.1 true to OpenSSH's sshd (peer)", ref)
 		dr.compare(pr, "sshd p50")
 		rows = append(rows, pr)
 	} else {
@@ -132,7 +128,7 @@ func (b *bench) sshScenario(ctx context.Context) error {
 	return nil
 }
 
-func benchKeygen(path string) error {
+func keygen(path string) error {
 	out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "den-bench", "-f", path).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ssh-keygen: %v: %s", err, strings.TrimSpace(string(out)))
@@ -140,9 +136,9 @@ func benchKeygen(path string) error {
 	return nil
 }
 
-// benchSSHD starts OpenSSH's sshd on a free loopback port, accepting
+// startSSHD starts OpenSSH's sshd on a free loopback port, accepting
 // pub for the current user, and returns the port and how to stop it.
-func benchSSHD(dir, pub string) (int, func(), error) {
+func startSSHD(dir, pub string) (int, func(), error) {
 	sshd, err := exec.LookPath("sshd")
 	if err != nil {
 		if _, serr := os.Stat("/usr/sbin/sshd"); serr != nil {
@@ -151,7 +147,7 @@ func benchSSHD(dir, pub string) (int, func(), error) {
 		sshd = "/usr/sbin/sshd"
 	}
 	hostKey := filepath.Join(dir, "ssh_host_ed25519_key")
-	if err := benchKeygen(hostKey); err != nil {
+	if err := keygen(hostKey); err != nil {
 		return 0, nil, err
 	}
 	auth := filepath.Join(dir, "authorized_keys")

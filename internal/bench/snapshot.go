@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -15,21 +15,21 @@ import (
 // p50 ≤ 300 ms each and not growing with the size; 10 forks ≤ 1 s in all;
 // pause and resume ≤ 20 ms each.
 const (
-	benchSnapN        = 10
-	benchSnapLimitMs  = 300
-	benchFork10Ms     = 1000
-	benchPauseN       = 20
-	benchPauseLimitMs = 20
-	// benchSnapGrowth bounds snapshot p50 of the 1 GiB sandbox over that of
+	snapN        = 10
+	snapLimitMs  = 300
+	fork10Ms     = 1000
+	pauseN       = 20
+	pauseLimitMs = 20
+	// snapGrowth bounds snapshot p50 of the 1 GiB sandbox over that of
 	// an empty one: "not growing with the size of the image" (or data).
-	benchSnapGrowth = 2.0
+	snapGrowth = 2.0
 )
 
 // snapshot: snapshot and fork of a sandbox holding 1 GiB against an empty
 // one, 10 forks at once, and a full copy of the same files (what copying a
 // disk to fork costs) as the peer.
-func (b *bench) snapshot(ctx context.Context) error {
-	n := b.iterations(benchSnapN)
+func (b *runner) snapshot(ctx context.Context) error {
+	n := b.iterations(snapN)
 	fmt.Fprintln(b.errw, "snapshot: writing 1 GiB (16 × 64 MiB files) in a sandbox")
 	big, err := b.filled(ctx, "mkdir -p /root/data && for i in $(seq 16); do head -c 67108864 /dev/urandom > /root/data/f$i; done; sync")
 	if err != nil {
@@ -45,8 +45,8 @@ func (b *bench) snapshot(ctx context.Context) error {
 			b.cl.RemoveSnapshot(context.WithoutCancel(ctx), s)
 		}
 	}()
-	snap := func(id string, dst *[]time.Duration) benchStep {
-		return benchTimed(dst, func(ctx context.Context) (time.Duration, error) {
+	snap := func(id string, dst *[]time.Duration) step {
+		return timed(dst, func(ctx context.Context) (time.Duration, error) {
 			t0 := time.Now()
 			s, err := b.cl.Snapshot(ctx, id, api.SnapshotRequest{})
 			d := time.Since(t0)
@@ -56,8 +56,8 @@ func (b *bench) snapshot(ctx context.Context) error {
 			return d, err
 		})
 	}
-	fork := func(id string, dst *[]time.Duration) benchStep {
-		return benchTimed(dst, func(ctx context.Context) (time.Duration, error) {
+	fork := func(id string, dst *[]time.Duration) step {
+		return timed(dst, func(ctx context.Context) (time.Duration, error) {
 			t0 := time.Now()
 			list, err := b.cl.Fork(ctx, id, api.ForkRequest{Labels: b.labels()})
 			d := time.Since(t0)
@@ -100,18 +100,18 @@ func (b *bench) snapshot(ctx context.Context) error {
 			return err
 		}
 	}
-	sb := benchStatsRow("snapshot", "snapshot of a sandbox holding 1 GiB it wrote (den snapshot)", sBig)
-	se := benchStatsRow("snapshot", "snapshot of an empty sandbox", sEmpty)
+	sb := statsRow("snapshot", "snapshot of a sandbox holding 1 GiB it wrote (den snapshot)", sBig)
+	se := statsRow("snapshot", "snapshot of an empty sandbox", sEmpty)
 	sb.compare(se, "empty sandbox p50")
-	sb.judge(fmt.Sprintf("p50 ≤ %d ms", benchSnapLimitMs), sb.p50(), benchSnapLimitMs)
-	se.judge(fmt.Sprintf("1 GiB p50 ≤ %g× this", benchSnapGrowth), *sb.Ratio, benchSnapGrowth)
-	fb := benchStatsRow("snapshot", "fork of a sandbox holding 1 GiB (den fork, until the fork runs)", fBig)
-	fe := benchStatsRow("snapshot", "fork of an empty sandbox", fEmpty)
+	sb.judge(fmt.Sprintf("p50 ≤ %d ms", snapLimitMs), sb.p50(), snapLimitMs)
+	se.judge(fmt.Sprintf("1 GiB p50 ≤ %g× this", snapGrowth), *sb.Ratio, snapGrowth)
+	fb := statsRow("snapshot", "fork of a sandbox holding 1 GiB (den fork, until the fork runs)", fBig)
+	fe := statsRow("snapshot", "fork of an empty sandbox", fEmpty)
 	fb.compare(fe, "empty sandbox p50")
-	fb.judge(fmt.Sprintf("p50 ≤ %d ms", benchSnapLimitMs), fb.p50(), benchSnapLimitMs)
-	tr := benchStatsRow("snapshot", "10 forks of the 1 GiB sandbox in one call, total", ten)
-	tr.judge(fmt.Sprintf("p50 ≤ %d ms", benchFork10Ms), tr.p50(), benchFork10Ms)
-	rows := []*benchRow{sb, se, fb, fe, tr}
+	fb.judge(fmt.Sprintf("p50 ≤ %d ms", snapLimitMs), fb.p50(), snapLimitMs)
+	tr := statsRow("snapshot", "10 forks of the 1 GiB sandbox in one call, total", ten)
+	tr.judge(fmt.Sprintf("p50 ≤ %d ms", fork10Ms), tr.p50(), fork10Ms)
+	rows := []*Row{sb, se, fb, fe, tr}
 	// The peer: a plain copy of the same files, as a fork by copying does.
 	if info, err := b.cl.Get(ctx, big.ID); err == nil && info.Pid > 0 {
 		src := fmt.Sprintf("/proc/%d/root/root/data", info.Pid)
@@ -121,7 +121,7 @@ func (b *bench) snapshot(ctx context.Context) error {
 			d := time.Since(t0)
 			os.RemoveAll(dst)
 			if err == nil {
-				cp := benchStatsRow("snapshot", "peer: cp -a of the same 1 GiB (copying to fork)", []time.Duration{d})
+				cp := statsRow("snapshot", "peer: cp -a of the same 1 GiB (copying to fork)", []time.Duration{d})
 				sb.Note = fmt.Sprintf("cp -a takes %.0f× as long", float64(d)/float64(time.Duration(sb.p50()*float64(time.Millisecond))))
 				rows = append(rows, cp)
 			}
@@ -133,7 +133,7 @@ func (b *bench) snapshot(ctx context.Context) error {
 
 // filled creates a sandbox (labelled for this run) and runs the shell
 // script fill in it; the sandbox is returned even when fill fails.
-func (b *bench) filled(ctx context.Context, fill string) (*api.Sandbox, error) {
+func (b *runner) filled(ctx context.Context, fill string) (*api.Sandbox, error) {
 	sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
 	if err != nil {
 		return nil, err
@@ -146,8 +146,8 @@ func (b *bench) filled(ctx context.Context, fill string) (*api.Sandbox, error) {
 }
 
 // pause: pause and resume of a sandbox running a busy process.
-func (b *bench) pause(ctx context.Context) error {
-	n := b.iterations(benchPauseN)
+func (b *runner) pause(ctx context.Context) error {
+	n := b.iterations(pauseN)
 	sb, err := b.cl.Create(ctx, api.CreateRequest{Labels: b.labels()})
 	if err != nil {
 		return err
@@ -156,8 +156,8 @@ func (b *bench) pause(ctx context.Context) error {
 		return err
 	}
 	var p, r []time.Duration
-	call := func(dst *[]time.Duration, f func(context.Context, string) (*api.Sandbox, error)) benchStep {
-		return benchTimed(dst, func(ctx context.Context) (time.Duration, error) {
+	call := func(dst *[]time.Duration, f func(context.Context, string) (*api.Sandbox, error)) step {
+		return timed(dst, func(ctx context.Context) (time.Duration, error) {
 			t0 := time.Now()
 			_, err := f(ctx, sb.ID)
 			return time.Since(t0), err
@@ -166,10 +166,10 @@ func (b *bench) pause(ctx context.Context) error {
 	if err := b.loop(ctx, "pause", n, call(&p, b.cl.Pause), call(&r, b.cl.Resume)); err != nil {
 		return err
 	}
-	pr := benchStatsRow("pause", "den pause of a sandbox running a busy loop (API round trip)", p)
-	rr := benchStatsRow("pause", "den resume of it", r)
-	pr.judge(fmt.Sprintf("p50 ≤ %d ms", benchPauseLimitMs), pr.p50(), benchPauseLimitMs)
-	rr.judge(fmt.Sprintf("p50 ≤ %d ms", benchPauseLimitMs), rr.p50(), benchPauseLimitMs)
+	pr := statsRow("pause", "den pause of a sandbox running a busy loop (API round trip)", p)
+	rr := statsRow("pause", "den resume of it", r)
+	pr.judge(fmt.Sprintf("p50 ≤ %d ms", pauseLimitMs), pr.p50(), pauseLimitMs)
+	rr.judge(fmt.Sprintf("p50 ≤ %d ms", pauseLimitMs), rr.p50(), pauseLimitMs)
 	b.add(pr, rr)
 	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"archive/tar"
@@ -19,16 +19,16 @@ import (
 // sandbox ≤ 500 ms. (The microVM's, against a raw QEMU boot, is a go test
 // benchmark of internal/isolate/microvm.)
 const (
-	benchTierN        = 20
-	benchTierRatio    = 1.2
-	benchCheckpointN  = 10
-	benchCheckpointMs = 500
-	benchBusyboxImage = "den-bench-busybox:2"
+	tierN        = 20
+	tierRatio    = 1.2
+	checkpointN  = 10
+	checkpointMs = 500
+	busyboxTag   = "den-bench-busybox:2"
 )
 
 // tierInfo returns the daemon's description of a tier, or an error saying
 // why the scenario cannot run.
-func (b *bench) tierInfo(ctx context.Context, name string) (*api.RuntimeInfo, error) {
+func (b *runner) tierInfo(ctx context.Context, name string) (*api.RuntimeInfo, error) {
 	info, err := b.cl.Info(ctx)
 	if err != nil {
 		return nil, err
@@ -46,8 +46,8 @@ func (b *bench) tierInfo(ctx context.Context, name string) (*api.RuntimeInfo, er
 
 // busyboxImage builds (once) an image holding only /bin/busybox and
 // /bin/sh, the same root file system the raw peers boot.
-func (b *bench) busyboxImage(ctx context.Context, busybox string) error {
-	if _, err := b.cl.Image(ctx, benchBusyboxImage); err == nil {
+func (b *runner) busyboxImage(ctx context.Context, busybox string) error {
+	if _, err := b.cl.Image(ctx, busyboxTag); err == nil {
 		return nil
 	}
 	bin, err := os.ReadFile(busybox)
@@ -62,17 +62,17 @@ func (b *bench) busyboxImage(ctx context.Context, busybox string) error {
 		tw.Write(data)
 	}
 	tw.Close()
-	_, err = b.cl.BuildImage(ctx, &buf, client.BuildOptions{Tag: benchBusyboxImage}, nil)
+	_, err = b.cl.BuildImage(ctx, &buf, client.BuildOptions{Tag: busyboxTag}, nil)
 	return err
 }
 
 // createExec is the den side of a cold start: create a sandbox of the
 // busybox image on tier and run true in it, until the answer; the removal
 // that follows is not timed.
-func (b *bench) createExec(tier string) func(ctx context.Context) (time.Duration, error) {
+func (b *runner) createExec(tier string) func(ctx context.Context) (time.Duration, error) {
 	return func(ctx context.Context) (time.Duration, error) {
 		t0 := time.Now()
-		sb, err := b.cl.Create(ctx, api.CreateRequest{Image: benchBusyboxImage, Runtime: tier, Labels: b.labels()})
+		sb, err := b.cl.Create(ctx, api.CreateRequest{Image: busyboxTag, Runtime: tier, Labels: b.labels()})
 		if err != nil {
 			return 0, err
 		}
@@ -88,7 +88,7 @@ func (b *bench) createExec(tier string) func(ctx context.Context) (time.Duration
 
 // gvisorScenario: cold start against raw runsc, and hibernate + resume
 // (checkpoint + restore) of an idle sandbox.
-func (b *bench) gvisorScenario(ctx context.Context) error {
+func (b *runner) gvisorScenario(ctx context.Context) error {
 	ti, err := b.tierInfo(ctx, "gvisor")
 	if err != nil {
 		return err
@@ -109,7 +109,7 @@ func (b *bench) gvisorScenario(ctx context.Context) error {
 		return fmt.Errorf("build the busybox image: %w", err)
 	}
 	if b.runsc == nil || b.runsc.argv == nil {
-		b.runsc = &benchPeer{Name: "runsc"}
+		b.runsc = &Peer{Name: "runsc"}
 		b.rep.Peers = append(b.rep.Peers, b.runsc)
 		if err := b.makeBundle(runsc, busybox); err != nil {
 			return err
@@ -122,14 +122,14 @@ func (b *bench) gvisorScenario(ctx context.Context) error {
 			argv[i] = "--platform=" + platform
 		}
 	}
-	n := b.iterations(benchTierN)
+	n := b.iterations(tierN)
 	var den, raw []time.Duration
 	err = b.loop(ctx, "gvisor", n,
-		benchTimed(&den, b.createExec("gvisor")),
-		benchTimed(&raw, func(ctx context.Context) (time.Duration, error) {
+		timed(&den, b.createExec("gvisor")),
+		timed(&raw, func(ctx context.Context) (time.Duration, error) {
 			b.runscSeq++
 			id := fmt.Sprintf("den-bench-%s-g%d", b.runID, b.runscSeq)
-			d, err := benchExec(ctx, append(append([]string(nil), argv...), id), "")
+			d, err := timeExec(ctx, append(append([]string(nil), argv...), id), "")
 			if err != nil {
 				del := append(append([]string(nil), argv[:3]...), "delete", "--force", id)
 				exec.Command(del[0], del[1:]...).Run()
@@ -138,23 +138,23 @@ func (b *bench) gvisorScenario(ctx context.Context) error {
 		}),
 	)
 	if len(den) > 0 && len(raw) > 0 {
-		dr := benchStatsRow("gvisor", "den create --runtime gvisor + exec true (busybox image, SDK)", den)
-		rr := benchStatsRow("gvisor", fmt.Sprintf("runsc run of the same busybox root, %s (peer)", platform), raw)
+		dr := statsRow("gvisor", "den create --runtime gvisor + exec true (busybox image, SDK)", den)
+		rr := statsRow("gvisor", fmt.Sprintf("runsc run of the same busybox root, %s (peer)", platform), raw)
 		ratio := dr.compare(rr, "runsc p50")
-		dr.judge(fmt.Sprintf("≤ %g× runsc p50", benchTierRatio), ratio, benchTierRatio)
+		dr.judge(fmt.Sprintf("≤ %g× runsc p50", tierRatio), ratio, tierRatio)
 		b.add(dr, rr)
 	}
 	if err != nil {
 		return err
 	}
 	// Checkpoint + restore: hibernate and resume of an idle sandbox.
-	sb, err := b.cl.Create(ctx, api.CreateRequest{Image: benchBusyboxImage, Runtime: "gvisor", Labels: b.labels()})
+	sb, err := b.cl.Create(ctx, api.CreateRequest{Image: busyboxTag, Runtime: "gvisor", Labels: b.labels()})
 	if err != nil {
 		return err
 	}
 	defer b.cl.Remove(context.WithoutCancel(ctx), sb.ID, true)
 	var hib, res, both []time.Duration
-	for i := 0; i < b.iterations(benchCheckpointN); i++ {
+	for i := 0; i < b.iterations(checkpointN); i++ {
 		t0 := time.Now()
 		if _, err := b.cl.Hibernate(ctx, sb.ID); err != nil {
 			return err
@@ -170,16 +170,16 @@ func (b *bench) gvisorScenario(ctx context.Context) error {
 		}
 		hib, res, both = append(hib, t1.Sub(t0)), append(res, t2.Sub(t1)), append(both, t2.Sub(t0))
 	}
-	br := benchStatsRow("gvisor", "hibernate + resume of an idle gVisor sandbox (checkpoint + restore, API)", both)
-	br.judge(fmt.Sprintf("p50 ≤ %d ms", benchCheckpointMs), br.p50(), benchCheckpointMs)
-	b.add(br, benchStatsRow("gvisor", "  of which hibernate (runsc checkpoint)", hib), benchStatsRow("gvisor", "  of which resume (runsc restore)", res))
+	br := statsRow("gvisor", "hibernate + resume of an idle gVisor sandbox (checkpoint + restore, API)", both)
+	br.judge(fmt.Sprintf("p50 ≤ %d ms", checkpointMs), br.p50(), checkpointMs)
+	b.add(br, statsRow("gvisor", "  of which hibernate (runsc checkpoint)", hib), statsRow("gvisor", "  of which resume (runsc restore)", res))
 	return b.memoryForks(ctx, "gvisor", sb.ID)
 }
 
 // memoryForks times, on one running sandbox, a snapshot that keeps its
 // processes and a fork that does (until the fork answers an exec), beside
 // a files-only fork (which boots its fork afresh) in the same run.
-func (b *bench) memoryForks(ctx context.Context, tier, id string) error {
+func (b *runner) memoryForks(ctx context.Context, tier, id string) error {
 	var snaps, memForks, fileForks []time.Duration
 	fork := func(memory bool) (time.Duration, error) {
 		t0 := time.Now()
@@ -195,7 +195,7 @@ func (b *bench) memoryForks(ctx context.Context, tier, id string) error {
 		}
 		return d, err
 	}
-	for i := 0; i < b.iterations(benchCheckpointN); i++ {
+	for i := 0; i < b.iterations(checkpointN); i++ {
 		t0 := time.Now()
 		snap, err := b.cl.Snapshot(ctx, id, api.SnapshotRequest{Memory: true})
 		if err != nil {
@@ -213,9 +213,9 @@ func (b *bench) memoryForks(ctx context.Context, tier, id string) error {
 		}
 		fileForks = append(fileForks, d)
 	}
-	fr := benchStatsRow(tier, "fork --memory of an idle sandbox until the fork answers exec (API)", memForks)
-	ff := benchStatsRow(tier, "fork of files only, booted afresh, until it answers exec (same run)", fileForks)
+	fr := statsRow(tier, "fork --memory of an idle sandbox until the fork answers exec (API)", memForks)
+	ff := statsRow(tier, "fork of files only, booted afresh, until it answers exec (same run)", fileForks)
 	fr.compare(ff, "files-only fork p50")
-	b.add(benchStatsRow(tier, "snapshot --memory of an idle sandbox (checkpoint, copy, restore; API)", snaps), fr, ff)
+	b.add(statsRow(tier, "snapshot --memory of an idle sandbox (checkpoint, copy, restore; API)", snaps), fr, ff)
 	return nil
 }
