@@ -28,8 +28,11 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/storage"
 )
 
 // Defaults of Options.
@@ -502,6 +505,9 @@ func (b *runner) setupPeers(scenarios []string) {
 // makeBundle prepares an OCI bundle whose root holds only busybox, and the
 // runsc command line that runs it.
 func (b *runner) makeBundle(runsc, busybox string) error {
+	if b.tmp != "" {
+		removeTemp(b.tmp)
+	}
 	tmp, err := os.MkdirTemp("", "den-bench-")
 	if err != nil {
 		return err
@@ -570,8 +576,18 @@ func (b *runner) skipReason(s string) string {
 func (b *runner) cleanup() {
 	b.sweep()
 	if b.tmp != "" {
-		os.RemoveAll(b.tmp)
+		removeTemp(b.tmp)
 	}
+}
+
+// removeTemp removes a temporary directory of the run, with nothing
+// mounted under it left behind (runsc --network=none bind-mounts its null
+// network namespace in its state directory and leaves it there).
+func removeTemp(dir string) {
+	for _, m := range storage.MountsUnder(dir) {
+		unix.Unmount(m, unix.MNT_DETACH)
+	}
+	os.RemoveAll(dir)
 }
 
 // sweep removes the sandboxes this run created through the SDK and left

@@ -5,14 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/storage"
 )
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -299,5 +303,32 @@ func TestBenchReportJSON(t *testing.T) {
 	}
 	if *r.P50 != 1.23456789 {
 		t.Errorf("WriteJSON rounded the report itself: p50 %v", *r.P50)
+	}
+}
+
+// runsc --network=none leaves its null network namespace bind-mounted in
+// its state directory; the run's temporary directory goes anyway.
+func TestBenchRemoveTemp(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("bind mounts need root")
+	}
+	dir := t.TempDir()
+	ns := filepath.Join(dir, "state", "null-netns")
+	if err := os.MkdirAll(filepath.Dir(ns), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ns, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/proc/self/ns/net", ns, "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("bind mount: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(ns, unix.MNT_DETACH) })
+	if mounts := storage.MountsUnder(dir); len(mounts) != 1 || mounts[0] != ns {
+		t.Fatalf("mounts under %s: %v, want %s", dir, mounts, ns)
+	}
+	removeTemp(dir)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s is still there (%v); mounts under it: %v", dir, err, storage.MountsUnder(dir))
 	}
 }
