@@ -474,11 +474,7 @@ func (b *runner) setupPeers(scenarios []string) {
 	b.hostExec = &Peer{Name: "host exec", Command: "fork/exec of /bin/true from den bench (Go os/exec)"}
 	b.rep.Peers = append(b.rep.Peers, b.hostExec)
 
-	want := false
-	for _, s := range scenarios {
-		want = want || s == "runsc"
-	}
-	if !want {
+	if !slices.Contains(scenarios, "runsc") {
 		return
 	}
 	b.runsc = &Peer{Name: "runsc"}
