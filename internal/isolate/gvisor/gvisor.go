@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/storage"
 	"golang.org/x/sys/unix"
 )
@@ -36,7 +36,7 @@ type Config struct {
 	// one (see Detect).
 	Platform string
 	// Network, if set, connects boxes whose spec asks for it.
-	Network *linux.Network
+	Network *host.Network
 	// CgroupRoot is where cgroups are mounted (default /sys/fs/cgroup),
 	// CgroupParent the group boxes are made in (default "den", as the
 	// linux tier: box <id> is den/<id>).
@@ -86,7 +86,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(r.state, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: create %s: %w", r.state, err)
 	}
-	if err := linux.MakePrivateMount(cfg.RunDir); err != nil {
+	if err := host.MakePrivateMount(cfg.RunDir); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	var err error
@@ -375,9 +375,9 @@ func (r *Runtime) prepare(spec *isolate.Spec) error {
 // from the host side), so every boot gets a fresh namespace.
 func (r *Runtime) setupNet(spec *isolate.Spec) error {
 	path := filepath.Join(r.boxRun(spec.ID), "netns")
-	linux.RemoveNetNS(path)
+	host.RemoveNetNS(path)
 	r.cfg.Network.Detach(spec.NetSlot)
-	if err := linux.CreateNetNS(path); err != nil {
+	if err := host.CreateNetNS(path); err != nil {
 		return err
 	}
 	if _, err := r.cfg.Network.AttachPath(path, spec.NetSlot); err != nil {
@@ -534,7 +534,7 @@ func (r *Runtime) Clean(ctx context.Context, spec *isolate.Spec) ([]string, erro
 	}
 	netns := filepath.Join(run, "netns")
 	if _, err := os.Lstat(netns); err == nil {
-		if err := linux.RemoveNetNS(netns); err != nil {
+		if err := host.RemoveNetNS(netns); err != nil {
 			errs = append(errs, err)
 		}
 		if r.cfg.Network != nil {

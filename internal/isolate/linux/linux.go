@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/den-dev/den/internal/host"
 	"io"
 	"net"
 	"os"
@@ -43,7 +44,7 @@ type Runtime struct {
 
 	mu     sync.Mutex
 	userns map[int]*os.File // uid base → a user namespace with that mapping
-	net    *Network         // nil: boxes have loopback only
+	net    *host.Network    // nil: boxes have loopback only
 }
 
 // Config configures the runtime.
@@ -52,7 +53,7 @@ type Config struct {
 	CgroupRoot string // default /sys/fs/cgroup
 	CgroupName string // default "den"
 	// Network, if set, connects boxes whose spec asks for it.
-	Network *Network
+	Network *host.Network
 }
 
 // New checks the host and prepares the runtime.
@@ -80,7 +81,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	// Make the run directory a private mount so mounts made under it never
 	// propagate into (or out of) other mount namespaces.
-	if err := MakePrivateMount(cfg.RunDir); err != nil {
+	if err := host.MakePrivateMount(cfg.RunDir); err != nil {
 		return nil, err
 	}
 	exe, err := sealedSelf()
@@ -112,39 +113,6 @@ func mkdirSearchable(dir string) error {
 		}
 	}
 	return nil
-}
-
-// MakePrivateMount makes dir a private mount (binding it onto itself
-// first if it is not a mount point), so mounts made under it never
-// propagate into (or out of) other mount namespaces.
-func MakePrivateMount(dir string) error {
-	mounted, err := isMountPoint(dir)
-	if err != nil {
-		return err
-	}
-	if !mounted {
-		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind %s: %w", dir, err)
-		}
-	}
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make %s private: %w", dir, err)
-	}
-	return nil
-}
-
-func isMountPoint(dir string) (bool, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && f[4] == dir {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // sealedSelf copies the running binary into a sealed memfd, so a box's
