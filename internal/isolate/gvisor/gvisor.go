@@ -514,8 +514,6 @@ func (r *Runtime) clean(ctx context.Context, spec *isolate.Spec) error {
 	return err
 }
 
-var _ isolate.Cleaner = (*Runtime)(nil)
-
 // Clean is clean, returning the mount points it detached.
 func (r *Runtime) Clean(ctx context.Context, spec *isolate.Spec) ([]string, error) {
 	run := r.boxRun(spec.ID)

@@ -194,6 +194,23 @@ type box struct {
 	stop sync.Once
 }
 
+// The abilities of the linux tier (isolate's optional interfaces).
+var (
+	_ isolate.Runtime       = (*Runtime)(nil)
+	_ isolate.Cleaner       = (*Runtime)(nil)
+	_ isolate.Loader        = (*Runtime)(nil)
+	_ isolate.Canonicalizer = (*Runtime)(nil)
+
+	_ isolate.Box            = (*box)(nil)
+	_ isolate.Pauser         = (*box)(nil)
+	_ isolate.Statser        = (*box)(nil)
+	_ isolate.Networker      = (*box)(nil)
+	_ isolate.Dialer         = (*box)(nil)
+	_ isolate.UDPAllower     = (*box)(nil)
+	_ isolate.FrozenReporter = (*box)(nil)
+	_ isolate.ProcLister     = (*box)(nil)
+)
+
 func (b *box) Agent() *agent.Client             { return b.ag }
 func (b *box) Pid() int                         { return b.pid }
 func (b *box) Done() <-chan struct{}            { return b.done }
@@ -387,8 +404,6 @@ func (r *Runtime) removeRun(id string) ([]string, error) {
 	return gone, storage.RemoveTree(run)
 }
 
-var _ isolate.Cleaner = (*Runtime)(nil)
-
 // Clean removes what a box left outside its storage: processes a dead
 // daemon left running, its cgroups, its network interface, and its run
 // directory with anything mounted in it. It returns the mount points it
@@ -514,8 +529,6 @@ func (b *box) SetBandwidth(rate int64) error {
 	}
 	return b.rt.net.SetBandwidth(b.pid, b.spec.NetSlot, rate)
 }
-
-var _ isolate.Pauser = (*box)(nil)
 
 // Pause freezes every process of the box, its agent included, and returns
 // once the kernel reports them all frozen (cgroup freezer).

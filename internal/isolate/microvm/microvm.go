@@ -81,13 +81,17 @@ type Runtime struct {
 	net    *host.Network
 }
 
+// The abilities of the microvm tier (isolate's optional interfaces).
 var (
 	_ isolate.Runtime      = (*Runtime)(nil)
+	_ isolate.Loader       = (*Runtime)(nil)
 	_ isolate.Checkpointer = (*Runtime)(nil)
-	_ isolate.Box          = (*box)(nil)
-	_ isolate.Pauser       = (*box)(nil)
-	_ isolate.Statser      = (*box)(nil)
-	_ isolate.Dialer       = (*box)(nil)
+	_ isolate.Adopter      = (*Runtime)(nil)
+
+	_ isolate.Box     = (*box)(nil)
+	_ isolate.Pauser  = (*box)(nil)
+	_ isolate.Statser = (*box)(nil)
+	_ isolate.Dialer  = (*box)(nil)
 )
 
 // DialInside connects to 127.0.0.1:port inside the guest, through the
