@@ -8,6 +8,7 @@ package isolate
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/storage"
 )
 
 // Spec describes one box.
@@ -226,6 +228,19 @@ type FrozenReporter interface {
 // keep their sockets and processes to themselves).
 type ProcLister interface {
 	Procs() []int
+}
+
+// RemoveStorage removes a box's storage, spec.Dir (nothing if it is
+// empty): the last step of every tier's Destroy, once what the box left
+// outside it is gone. Idempotent.
+func RemoveStorage(spec *Spec) error {
+	if spec.Dir == "" {
+		return nil
+	}
+	if err := storage.RemoveTree(spec.Dir); err != nil {
+		return fmt.Errorf("remove box storage: %w", err)
+	}
+	return nil
 }
 
 // TestStall is a test hook: when $DEN_TEST_STALL names a file that holds

@@ -422,13 +422,7 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	if _, err := r.Clean(ctx, spec); err != nil {
 		return err
 	}
-	if spec.Dir == "" {
-		return nil
-	}
-	if err := storage.RemoveTree(spec.Dir); err != nil {
-		return fmt.Errorf("remove box storage: %w", err)
-	}
-	return nil
+	return isolate.RemoveStorage(spec)
 }
 
 // Load reattaches to a box that outlived the daemon that started it: pid

@@ -709,13 +709,7 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	if err := r.cleanupRun(spec); err != nil {
 		return err
 	}
-	if spec.Dir == "" {
-		return nil
-	}
-	if err := storage.RemoveTree(spec.Dir); err != nil {
-		return fmt.Errorf("remove box storage: %w", err)
-	}
-	return nil
+	return isolate.RemoveStorage(spec)
 }
 
 // Load reattaches to a box whose QEMU (pid) outlived the daemon that
