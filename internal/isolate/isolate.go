@@ -3,7 +3,11 @@
 // layers, limits and identity) and hands back a client of the den agent
 // running as PID 1 inside it; everything above this seam (exec, files,
 // lifecycle) is the same for every tier. Optional abilities of a tier are
-// separate small interfaces, asserted where used.
+// separate small interfaces, declared here and asserted where used; each
+// tier asserts at compile time every one it has (var _ isolate.Loader =
+// (*Runtime)(nil)), and docs/design.md's table lists them by tier
+// (TestAbilitiesDocumented checks both). The tiers share the host's
+// plumbing through internal/host, never each other (TestTiersIndependent).
 package isolate
 
 import (
