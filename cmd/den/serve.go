@@ -22,6 +22,7 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/egress"
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
@@ -148,13 +149,13 @@ func cmdServe(args []string) error {
 		log.Warn("den's storage reserve is not enforced by the kernel", "why", st.Why())
 	}
 	log.Info("storage", "kind", st.Kind(), "size", api.Size(st.Size()), "reserve", api.Size(st.Reserve()), "default_disk", api.Size(disk))
-	var nw *linux.Network
+	var nw *host.Network
 	if *netOn {
 		pfx, err := netip.ParsePrefix(*subnet)
 		if err != nil {
 			return &usageError{verb: "serve", msg: "--subnet: " + err.Error()}
 		}
-		nw, err = linux.NewNetwork(linux.NetworkConfig{Bridge: *bridge, Subnet: pfx, Transparent: 15001, DNS: 15053, HTTPProxy: 15080})
+		nw, err = host.NewNetwork(host.NetworkConfig{Bridge: *bridge, Subnet: pfx, Transparent: 15001, DNS: 15053, HTTPProxy: 15080})
 		if err != nil {
 			log.Warn("sandbox networking is off", "err", err)
 			nw = nil
@@ -400,7 +401,7 @@ func loadToken(path string) (string, error) {
 
 // startEgress serves den's DNS, transparent proxy and HTTP proxy on the
 // bridge's gateway address, for the sandboxes only.
-func startEgress(nw *linux.Network, m *sandbox.Manager) (*egress.Server, error) {
+func startEgress(nw *host.Network, m *sandbox.Manager) (*egress.Server, error) {
 	tp, dnsPort, hp := nw.Ports()
 	eg := egress.New(egress.Config{
 		Sandbox: m.SandboxForAddr, Log: m.NetEvent, Deny: []netip.Prefix{nw.Subnet(), nw.Subnet6()},

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/gvisor"
 	"github.com/den-dev/den/internal/isolate/linux"
@@ -26,7 +27,7 @@ type tierSet struct {
 // every tier whether it runs here, how, and if not, why. runsc and
 // platform are the gvisor tier's ("" for runsc on PATH, and the fastest
 // platform that works).
-func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data string, nw *linux.Network, enabled []string, runsc, platform string) tierSet {
+func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data string, nw *host.Network, enabled []string, runsc, platform string) tierSet {
 	ts := tierSet{runtimes: map[string]isolate.Runtime{"linux": rt}, unavailable: map[string]string{}}
 	on := func(name string) bool { return slices.Contains(enabled, name) }
 	ts.info = append(ts.info, api.RuntimeInfo{Name: "linux", Available: true,

@@ -3,17 +3,24 @@
 // layers, limits and identity) and hands back a client of the den agent
 // running as PID 1 inside it; everything above this seam (exec, files,
 // lifecycle) is the same for every tier. Optional abilities of a tier are
-// separate small interfaces, asserted where used.
+// separate small interfaces, declared here and asserted where used; each
+// tier asserts at compile time every one it has (var _ isolate.Loader =
+// (*Runtime)(nil)), and docs/design.md's table lists them by tier
+// (TestAbilitiesDocumented checks both). The tiers share the host's
+// plumbing through internal/host, never each other (TestTiersIndependent).
 package isolate
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/storage"
 )
 
 // Spec describes one box.
@@ -114,7 +121,8 @@ type Box interface {
 // nothing until Resume), and returns once all of them are frozen; a
 // paused box uses no CPU and keeps its memory, files and network state.
 // Resume lets them all run on from where they were. Both are idempotent.
-// Stop works on a paused box.
+// Stop works on a paused box. Boxes of every tier: linux (the cgroup
+// freezer), gvisor (runsc pause), microvm (QMP stop).
 type Pauser interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
@@ -123,6 +131,7 @@ type Pauser interface {
 // Checkpointer is the optional ability of a runtime to save a running
 // box's processes and memory to a directory and boot them again from it:
 // hibernate, and snapshots and forks that keep running processes.
+// Runtimes: gvisor (runsc checkpoint), microvm (QEMU migration).
 type Checkpointer interface {
 	// Checkpoint writes box b's state into dir (which it creates). With
 	// keepRunning the box runs on afterwards; otherwise it is stopped as by
@@ -144,12 +153,13 @@ type Stats struct {
 }
 
 // Statser is the optional ability of a box to report its resource use.
+// Boxes of every tier.
 type Statser interface {
 	Stats() (Stats, error)
 }
 
 // Networker is the optional ability of a box to gain or lose its network
-// interface while it runs.
+// interface while it runs. Boxes: linux.
 type Networker interface {
 	AttachNet() (addr string, err error)
 	DetachNet() error
@@ -158,6 +168,9 @@ type Networker interface {
 
 // Dialer is the optional ability to open a TCP connection to a port inside
 // the box as its own loopback sees it (servers bound to 127.0.0.1 too).
+// Boxes: linux (a socket made in its network namespace), microvm
+// (through the agent's link). Without it, den asks the box's agent to
+// dial (agent.Client.DialPort).
 type Dialer interface {
 	DialInside(ctx context.Context, port int) (net.Conn, error)
 }
@@ -165,9 +178,73 @@ type Dialer interface {
 // Cleaner is the optional ability of a runtime to remove what a box left
 // outside its storage (processes, cgroups, network, mounts and run
 // directory) when its daemon died in the middle of an operation; it
-// returns the mount points it detached.
+// returns the mount points it detached. Runtimes: linux, gvisor; a
+// runtime without it is cleaned up by Destroy.
 type Cleaner interface {
 	Clean(ctx context.Context, spec *Spec) (unmounted []string, err error)
+}
+
+// Loader is the optional ability of a runtime to reattach to a box that
+// outlived the daemon that started it: pid is what the box's Pid returned,
+// and the box's agent must answer (a paused box's once it is resumed).
+// Without it, the new daemon cleans up after the box and records it
+// stopped. Runtimes: every tier.
+type Loader interface {
+	Load(ctx context.Context, spec *Spec, pid int) (Box, error)
+}
+
+// Adopter is the optional ability of a runtime to take over the files of a
+// box another tier kept (escalation): Adopt makes spec's writable layers,
+// as the other tier left them in spec.Dir, its own. Runtimes: microvm
+// (moves the upper directories into its disk image); the linux and gvisor
+// tiers share one layout and need nothing.
+type Adopter interface {
+	Adopt(ctx context.Context, spec *Spec) error
+}
+
+// Canonicalizer is the optional ability of a runtime to convert a stopped
+// box's writable layers to the canonical id layout (files stored with the
+// ids the box sees), which older daemons did not use; whoever copies a
+// stopped box's layers (commit, snapshot, fork) calls it first. Runtimes:
+// linux.
+type Canonicalizer interface {
+	Canonicalize(spec *Spec) error
+}
+
+// UDPAllower is the optional ability of a box to forward the UDP sent to
+// the destinations its network policy's allow_cidr rules name; all other
+// UDP but DNS is dropped. nil takes every allowance away. Boxes: linux.
+type UDPAllower interface {
+	AllowUDP(cidrs []netip.Prefix) error
+}
+
+// FrozenReporter is the optional ability of a box to say whether its
+// processes are frozen (or freezing) whoever froze them: a daemon that
+// died during a snapshot's capture leaves a running box frozen, and the
+// next one thaws it. Boxes: linux.
+type FrozenReporter interface {
+	Frozen() bool
+}
+
+// ProcLister is the optional ability of a box whose processes are host
+// processes to list them (host pids), so den can find which one holds a
+// socket in the host's kernel. Boxes: linux (gVisor's and a VM's kernel
+// keep their sockets and processes to themselves).
+type ProcLister interface {
+	Procs() []int
+}
+
+// RemoveStorage removes a box's storage, spec.Dir (nothing if it is
+// empty): the last step of every tier's Destroy, once what the box left
+// outside it is gone. Idempotent.
+func RemoveStorage(spec *Spec) error {
+	if spec.Dir == "" {
+		return nil
+	}
+	if err := storage.RemoveTree(spec.Dir); err != nil {
+		return fmt.Errorf("remove box storage: %w", err)
+	}
+	return nil
 }
 
 // TestStall is a test hook: when $DEN_TEST_STALL names a file that holds

@@ -39,7 +39,7 @@ func (m *Manager) Attribute(sandbox, network string, src netip.AddrPort) (proces
 	}
 	// Only a box whose processes are the host's (the linux tier) has its
 	// sockets in the host's kernel.
-	pl, ok := b.(interface{ Procs() []int })
+	pl, ok := b.(isolate.ProcLister)
 	if !ok {
 		return "", "the sandbox's tier has a network stack of its own (gVisor's, or the VM's kernel), whose sockets den cannot see from the host"
 	}

@@ -9,12 +9,6 @@ import (
 	"github.com/den-dev/den/internal/isolate"
 )
 
-// adopter is the optional ability of a tier to take over the files of a box
-// another tier kept (a microVM moves its upper directories into its disk).
-type adopter interface {
-	Adopt(ctx context.Context, spec *isolate.Spec) error
-}
-
 // Escalate moves a sandbox to a stronger isolation tier (linux → gvisor →
 // microvm), keeping its id, files, network policy, address and ports. Its
 // processes end (no tier can carry another's processes); a sandbox that was
@@ -61,7 +55,7 @@ func (m *Manager) Escalate(ctx context.Context, id string, req api.EscalateReque
 		// What the old tier keeps beside the files (its run state).
 		old.Destroy(ctx, &isolate.Spec{ID: rec.ID, Net: spec.Net, NetSlot: spec.NetSlot})
 	}
-	if a, ok := to.(adopter); ok {
+	if a, ok := to.(isolate.Adopter); ok {
 		if err := a.Adopt(ctx, spec); err != nil {
 			return nil, fmt.Errorf("move the sandbox's files to the %s runtime: %w", to.Name(), err)
 		}

@@ -270,7 +270,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		rt, _ := m.tier(rec)
-		if l, ok := rt.(loader); ok && rec.Pid > 0 && rec.State != api.StateCreating {
+		if l, ok := rt.(isolate.Loader); ok && rec.Pid > 0 && rec.State != api.StateCreating {
 			spec, err := m.spec(ctx, rec)
 			if err == nil {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
@@ -354,16 +354,12 @@ func (m *Manager) cleanBox(ctx context.Context, rec *record) ([]string, error) {
 	return clean(ctx, rt, spec)
 }
 
-// frozenBox is the optional ability of a box to say whether its
-// processes are frozen.
-type frozenBox interface{ Frozen() bool }
-
 // thawCapture resumes a running (not paused) sandbox that the previous
 // daemon left frozen: it died during a snapshot's or fork's capture, and
 // every request to the sandbox would hang on its frozen agent.
 func (m *Manager) thawCapture(ctx context.Context, rec *record, b isolate.Box) {
-	f, ok := b.(frozenBox)
-	p, ok2 := b.(pauser)
+	f, ok := b.(isolate.FrozenReporter)
+	p, ok2 := b.(isolate.Pauser)
 	if rec.State != api.StateRunning || !ok || !ok2 || !f.Frozen() {
 		return
 	}
@@ -402,12 +398,6 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
-}
-
-// loader is the optional ability of a runtime to reattach to a box that
-// outlived the previous daemon.
-type loader interface {
-	Load(ctx context.Context, spec *isolate.Spec, pid int) (isolate.Box, error)
 }
 
 func decodeRecord(s *store.Sandbox) (*record, error) {
@@ -826,9 +816,6 @@ func (m *Manager) watch(id string, b isolate.Box) {
 		retire(b, id, api.StateFailed)
 		b.Stop(context.Background())
 		reason := "its init process ended"
-		if r, ok := b.(interface{ ExitReason() string }); ok && r.ExitReason() != "" {
-			reason = r.ExitReason()
-		}
 		if rec, err := m.get(context.Background(), id); err == nil {
 			rec.State, rec.Pid, rec.Error = api.StateFailed, 0, reason
 			m.put(context.Background(), rec)

@@ -59,7 +59,7 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 	// repause leaves a paused sandbox paused when nothing was saved.
 	repause := func() {}
 	if wasPaused {
-		if p, ok := b.(pauser); ok {
+		if p, ok := b.(isolate.Pauser); ok {
 			if err := p.Resume(ctx); err != nil {
 				return fmt.Errorf("resume for the checkpoint: %w", err)
 			}
@@ -105,7 +105,7 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 		return ferr
 	}
 	if wasPaused {
-		if p, ok := m.box(rec.ID).(pauser); ok && p.Pause(ctx) == nil {
+		if p, ok := m.box(rec.ID).(isolate.Pauser); ok && p.Pause(ctx) == nil {
 			rec.State = api.StatePaused
 			m.put(ctx, rec)
 		}

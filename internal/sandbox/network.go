@@ -117,16 +117,9 @@ func (m *Manager) proxyEnv(p api.NetworkPolicy) []string {
 	return append([]string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u, "NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}, caEnv(p)...)
 }
 
-// udpAllower is the optional ability of a box to forward UDP to the
-// destinations its allow_cidr rules name (all other UDP but DNS is
-// dropped).
-type udpAllower interface {
-	AllowUDP(cidrs []netip.Prefix) error
-}
-
 // allowUDP gives the box's UDP rules the policy's allow_cidr prefixes.
 func allowUDP(b isolate.Box, p api.NetworkPolicy) error {
-	u, ok := b.(udpAllower)
+	u, ok := b.(isolate.UDPAllower)
 	if !ok {
 		return nil // UDP stays dropped
 	}

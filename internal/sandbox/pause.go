@@ -11,13 +11,6 @@ import (
 	"github.com/den-dev/den/internal/storage"
 )
 
-// pauser is the optional ability of a box to freeze every process it has
-// (isolate.Pauser; declared here by shape so the manager needs no more).
-type pauser interface {
-	Pause(ctx context.Context) error
-	Resume(ctx context.Context) error
-}
-
 // Pause freezes every process of a running sandbox: no CPU is used, memory
 // and connections are kept, and any use of the sandbox resumes it.
 func (m *Manager) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
@@ -33,7 +26,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
 	default:
 		return nil, api.Errorf(api.KindConflict, "sandbox %s is %s: only a running sandbox can be paused", rec.ID[:12], rec.State)
 	}
-	p, ok := m.box(rec.ID).(pauser)
+	p, ok := m.box(rec.ID).(isolate.Pauser)
 	if !ok {
 		return nil, api.Errorf(api.KindUnsupported, "the %s runtime cannot pause sandboxes", rec.Runtime)
 	}
@@ -106,7 +99,7 @@ func (m *Manager) checkpoint(ctx context.Context, rec *record) (bool, string) {
 		return false, fmt.Sprintf("the %s runtime keeps no memory: processes end, resume restarts them", rec.Runtime)
 	}
 	if rec.State == api.StatePaused {
-		if p, ok := b.(pauser); ok {
+		if p, ok := b.(isolate.Pauser); ok {
 			p.Resume(ctx)
 		}
 	}
@@ -147,7 +140,7 @@ func (m *Manager) resumeLocked(ctx context.Context, rec *record) error {
 	start := time.Now()
 	switch rec.State {
 	case api.StatePaused:
-		p, ok := m.box(rec.ID).(pauser)
+		p, ok := m.box(rec.ID).(isolate.Pauser)
 		if !ok {
 			return api.Errorf(api.KindConflict, "sandbox %s is paused but has no box: stop and start it", rec.ID[:12])
 		}

@@ -169,13 +169,6 @@ func (m *Manager) RemoveSnapshot(ctx context.Context, idOrName string) error {
 	return nil
 }
 
-// canonicalizer is the optional ability of a runtime to convert a stopped
-// box's writable layers to the id layout in which files are stored as the
-// sandbox sees them (older daemons stored them shifted).
-type canonicalizer interface {
-	Canonicalize(spec *isolate.Spec) error
-}
-
 // canonical converts a stopped sandbox's files before they are copied
 // (commit, snapshot, fork). A running sandbox was converted when it started.
 func (m *Manager) canonical(rec *record, spec *isolate.Spec) error {
@@ -183,7 +176,7 @@ func (m *Manager) canonical(rec *record, spec *isolate.Spec) error {
 		return nil
 	}
 	rt, _ := m.tier(rec)
-	c, ok := rt.(canonicalizer)
+	c, ok := rt.(isolate.Canonicalizer)
 	if !ok {
 		return nil
 	}
@@ -206,7 +199,7 @@ func (m *Manager) frozen(ctx context.Context, rec *record, fn func() error) (boo
 	if rec.State != api.StateRunning {
 		return rec.State == api.StatePaused, fn()
 	}
-	p, ok := m.box(rec.ID).(pauser)
+	p, ok := m.box(rec.ID).(isolate.Pauser)
 	if !ok {
 		return false, api.Errorf(api.KindUnsupported, "the %s runtime cannot freeze a sandbox for a consistent copy: stop it first", rec.Runtime)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/egress"
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
@@ -63,7 +64,7 @@ type inet struct {
 	ns   netns.NsHandle
 	name string
 	host string // the veth's host end
-	nw   *linux.Network
+	nw   *host.Network
 	// cert is the test servers' certificate (trusted by the egress
 	// proxy's upstream TLS): tests serving HTTPS on other ports use it.
 	cert tls.Certificate
@@ -254,7 +255,7 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 		t.Fatal(err)
 	}
 	n := os.Getpid() % 200
-	nw, err := linux.NewNetwork(linux.NetworkConfig{
+	nw, err := host.NewNetwork(host.NetworkConfig{
 		Bridge: fmt.Sprintf("dent%d", os.Getpid()%100000), Table: fmt.Sprintf("dentest%d", os.Getpid()%100000),
 		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.201.%d.0/24", n)),
 		Transparent: ports[0], DNS: ports[1], HTTPProxy: ports[2],

@@ -36,11 +36,16 @@ type box struct {
 	stopped  bool
 }
 
+// The abilities of the gvisor tier (isolate's optional interfaces).
 var (
-	_ isolate.Box          = (*box)(nil)
-	_ isolate.Pauser       = (*box)(nil)
-	_ isolate.Statser      = (*box)(nil)
+	_ isolate.Runtime      = (*Runtime)(nil)
+	_ isolate.Cleaner      = (*Runtime)(nil)
+	_ isolate.Loader       = (*Runtime)(nil)
 	_ isolate.Checkpointer = (*Runtime)(nil)
+
+	_ isolate.Box     = (*box)(nil)
+	_ isolate.Pauser  = (*box)(nil)
+	_ isolate.Statser = (*box)(nil)
 )
 
 // newBox watches the sandbox process pid: Done closes when it ends.

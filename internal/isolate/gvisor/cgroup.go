@@ -6,22 +6,22 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"golang.org/x/sys/unix"
 )
 
 // cgroups finds a box's groups, which runsc makes (cgroupsPath
-// /<parent>/<id>) and removes (runsc delete); the linux tier's view reads
+// /<parent>/<id>) and removes (runsc delete); host.CgroupView reads
 // their usage and OOM kills.
 type cgroups struct {
-	linux.CgroupView
+	host.CgroupView
 }
 
 func detectCgroups(root, parent string) cgroups {
 	var st unix.Statfs_t
 	v2 := unix.Statfs(root, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
-	return cgroups{linux.CgroupView{V2: v2, Root: root, Parent: parent}}
+	return cgroups{host.CgroupView{V2: v2, Root: root, Parent: parent}}
 }
 
 func write(path, v string) error {

@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/storage"
 	"golang.org/x/sys/unix"
 )
@@ -36,7 +36,7 @@ type Config struct {
 	// one (see Detect).
 	Platform string
 	// Network, if set, connects boxes whose spec asks for it.
-	Network *linux.Network
+	Network *host.Network
 	// CgroupRoot is where cgroups are mounted (default /sys/fs/cgroup),
 	// CgroupParent the group boxes are made in (default "den", as the
 	// linux tier: box <id> is den/<id>).
@@ -86,7 +86,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(r.state, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: create %s: %w", r.state, err)
 	}
-	if err := linux.MakePrivateMount(cfg.RunDir); err != nil {
+	if err := host.MakePrivateMount(cfg.RunDir); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	var err error
@@ -375,9 +375,9 @@ func (r *Runtime) prepare(spec *isolate.Spec) error {
 // from the host side), so every boot gets a fresh namespace.
 func (r *Runtime) setupNet(spec *isolate.Spec) error {
 	path := filepath.Join(r.boxRun(spec.ID), "netns")
-	linux.RemoveNetNS(path)
+	host.RemoveNetNS(path)
 	r.cfg.Network.Detach(spec.NetSlot)
-	if err := linux.CreateNetNS(path); err != nil {
+	if err := host.CreateNetNS(path); err != nil {
 		return err
 	}
 	if _, err := r.cfg.Network.AttachPath(path, spec.NetSlot); err != nil {
@@ -514,8 +514,6 @@ func (r *Runtime) clean(ctx context.Context, spec *isolate.Spec) error {
 	return err
 }
 
-var _ isolate.Cleaner = (*Runtime)(nil)
-
 // Clean is clean, returning the mount points it detached.
 func (r *Runtime) Clean(ctx context.Context, spec *isolate.Spec) ([]string, error) {
 	run := r.boxRun(spec.ID)
@@ -534,7 +532,7 @@ func (r *Runtime) Clean(ctx context.Context, spec *isolate.Spec) ([]string, erro
 	}
 	netns := filepath.Join(run, "netns")
 	if _, err := os.Lstat(netns); err == nil {
-		if err := linux.RemoveNetNS(netns); err != nil {
+		if err := host.RemoveNetNS(netns); err != nil {
 			errs = append(errs, err)
 		}
 		if r.cfg.Network != nil {
@@ -592,13 +590,7 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	if err := r.clean(ctx, spec); err != nil {
 		return err
 	}
-	if spec.Dir == "" {
-		return nil
-	}
-	if err := storage.RemoveTree(spec.Dir); err != nil {
-		return fmt.Errorf("remove box storage: %w", err)
-	}
-	return nil
+	return isolate.RemoveStorage(spec)
 }
 
 // Load reattaches to a box that outlived the daemon that started it, and

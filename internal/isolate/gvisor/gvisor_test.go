@@ -19,9 +19,9 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/isolatetest"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/testenv"
 	"github.com/vishvananda/netlink"
@@ -680,7 +680,7 @@ func TestNetwork(t *testing.T) {
 		t.Skip("needs nftables")
 	}
 	id := os.Getpid() % 200
-	cfg := linux.NetworkConfig{
+	cfg := host.NetworkConfig{
 		Bridge: fmt.Sprintf("dengv%d", id), Table: fmt.Sprintf("dengv%d", id),
 		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.231.%d.0/24", id)),
 		Transparent: 18080 + id, DNS: 18300 + id, HTTPProxy: 18600 + id,
@@ -691,7 +691,7 @@ func TestNetwork(t *testing.T) {
 			netlink.LinkDel(l)
 		}
 	})
-	n, err := linux.NewNetwork(cfg)
+	n, err := host.NewNetwork(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -949,7 +949,7 @@ func TestReapsSandboxes(t *testing.T) {
 	for {
 		var zombies []int
 		for _, c := range children() {
-			if comm, f, err := linux.ProcStat(c); err == nil && comm == "exe" && len(f) > 0 && f[0] == "Z" {
+			if comm, f, err := host.ProcStat(c); err == nil && comm == "exe" && len(f) > 0 && f[0] == "Z" {
 				zombies = append(zombies, c)
 			}
 		}

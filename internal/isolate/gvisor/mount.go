@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,7 +64,7 @@ func mountRoot(spec *isolate.Spec, rootfs string) (err error) {
 			if err != nil {
 				return fmt.Errorf("open root: %w", err)
 			}
-			fd, err := linux.MkdirInRoot(root, l.Target)
+			fd, err := host.MkdirInRoot(root, l.Target)
 			unix.Close(root)
 			if err != nil {
 				return fmt.Errorf("mount point %s: %w", l.Target, err)
@@ -85,7 +85,7 @@ func mountRoot(spec *isolate.Spec, rootfs string) (err error) {
 	}
 	defer unix.Close(root)
 	for _, d := range []string{"/dev", "/proc", "/sys", "/tmp"} {
-		fd, err := linux.MkdirInRoot(root, d)
+		fd, err := host.MkdirInRoot(root, d)
 		if err != nil {
 			return fmt.Errorf("mount point %s: %w", d, err)
 		}

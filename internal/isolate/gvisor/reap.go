@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/host"
 	"golang.org/x/sys/unix"
 )
 
@@ -78,7 +78,7 @@ func (r *reaper) loop(sig <-chan os.Signal) {
 // reapRunsc reaps this process's zombie children called "exe".
 func reapRunsc() {
 	for _, pid := range children() {
-		if comm, f, err := linux.ProcStat(pid); err == nil && comm == "exe" && len(f) > 0 && f[0] == "Z" {
+		if comm, f, err := host.ProcStat(pid); err == nil && comm == "exe" && len(f) > 0 && f[0] == "Z" {
 			var ws unix.WaitStatus
 			unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 		}

@@ -1,10 +1,10 @@
 package linux
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/den-dev/den/internal/host"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,18 +18,8 @@ import (
 // cgroups places boxes in cgroups on either cgroup v2 (unified) or v1
 // (one hierarchy per controller), whichever the host has.
 type cgroups struct {
-	CgroupView
+	host.CgroupView
 	freezer bool // v1: the freezer hierarchy is mounted (v2 always has cgroup.freeze)
-}
-
-// CgroupView finds and reads the groups of boxes under one parent group,
-// on cgroup v2 (Root/Parent/<id>) or v1 (Root/<controller>/Parent/<id>).
-// The linux tier makes its groups itself; the gvisor tier reads the ones
-// runsc makes.
-type CgroupView struct {
-	V2     bool
-	Root   string // /sys/fs/cgroup
-	Parent string // "den": the parent group of every box
 }
 
 var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids"}
@@ -39,7 +29,7 @@ var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids"}
 const v1Freezer = "freezer"
 
 func detectCgroups(root, name string) (*cgroups, error) {
-	cg := &cgroups{CgroupView: CgroupView{Root: root, Parent: name}}
+	cg := &cgroups{CgroupView: host.CgroupView{Root: root, Parent: name}}
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
 		cg.V2 = true
 		if err := os.MkdirAll(filepath.Join(root, name), 0o755); err != nil {
@@ -91,14 +81,6 @@ func (cg *cgroups) dirs(id string) []string {
 }
 
 func (cg *cgroups) dir(id, controller string) string { return cg.Dir(id, controller) }
-
-// Dir is box id's group of controller (the one group on v2).
-func (v CgroupView) Dir(id, controller string) string {
-	if v.V2 {
-		return filepath.Join(v.Root, v.Parent, id)
-	}
-	return filepath.Join(v.Root, controller, v.Parent, id)
-}
 
 // Create makes the box's groups and sets its limits.
 func (cg *cgroups) Create(id string, l isolate.Limits) error {
@@ -193,27 +175,6 @@ func (cg *cgroups) Add(id string, pid int) error {
 	return nil
 }
 
-// OOMKills reads the kernel's count of OOM kills in the box's memory group.
-func (v CgroupView) OOMKills(id string) uint64 {
-	file := "memory.oom_control"
-	if v.V2 {
-		file = "memory.events"
-	}
-	f, err := os.Open(filepath.Join(v.Dir(id, "memory"), file))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
-			n, _ := strconv.ParseUint(v, 10, 64)
-			return n
-		}
-	}
-	return 0
-}
-
 // Kill sends SIGKILL to every process left in the box's groups, and thaws
 // them if they were frozen so that they die.
 func (cg *cgroups) Kill(id string) {
@@ -257,45 +218,6 @@ func (cg *cgroups) Remove(id string) error {
 		}
 	}
 	return last
-}
-
-// Usage is a box's live resource use as its cgroups count it.
-type Usage struct {
-	CPU    time.Duration // total CPU time used
-	Memory int64         // bytes in use, page cache included
-	Pids   int
-}
-
-func readInt(p string) int64 {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return n
-}
-
-// Usage reads the box's counters.
-func (v CgroupView) Usage(id string) Usage {
-	var u Usage
-	if v.V2 {
-		d := v.Dir(id, "")
-		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-					n, _ := strconv.ParseInt(v, 10, 64)
-					u.CPU = time.Duration(n) * time.Microsecond
-				}
-			}
-		}
-		u.Memory = readInt(filepath.Join(d, "memory.current"))
-		u.Pids = int(readInt(filepath.Join(d, "pids.current")))
-		return u
-	}
-	u.CPU = time.Duration(readInt(filepath.Join(v.Dir(id, "cpuacct"), "cpuacct.usage")))
-	u.Memory = readInt(filepath.Join(v.Dir(id, "memory"), "memory.usage_in_bytes"))
-	u.Pids = int(readInt(filepath.Join(v.Dir(id, "pids"), "pids.current")))
-	return u
 }
 
 // MoveLauncher puts the agent's launcher thread (tid, a host id) in the
@@ -415,7 +337,8 @@ func (cg *cgroups) Thaw(id string) {
 // Frozen reports whether the box's processes are frozen (or freezing).
 func (cg *cgroups) Frozen(id string) bool {
 	if cg.V2 {
-		return readInt(filepath.Join(cg.dir(id, ""), "cgroup.freeze")) == 1
+		b, _ := os.ReadFile(filepath.Join(cg.dir(id, ""), "cgroup.freeze"))
+		return strings.TrimSpace(string(b)) == "1"
 	}
 	if !cg.freezer {
 		return false

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/den-dev/den/internal/host"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -167,7 +168,7 @@ func TestFreezeV2Kernel(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
 		t.Skip("no hybrid cgroup2 hierarchy at " + root)
 	}
-	cg := &cgroups{CgroupView: CgroupView{V2: true, Root: root, Parent: "den-test"}}
+	cg := &cgroups{CgroupView: host.CgroupView{V2: true, Root: root, Parent: "den-test"}}
 	d := cg.dir("spin", "")
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/den-dev/den/internal/host"
 	"io"
 	"net"
 	"os"
@@ -43,7 +44,7 @@ type Runtime struct {
 
 	mu     sync.Mutex
 	userns map[int]*os.File // uid base → a user namespace with that mapping
-	net    *Network         // nil: boxes have loopback only
+	net    *host.Network    // nil: boxes have loopback only
 }
 
 // Config configures the runtime.
@@ -52,7 +53,7 @@ type Config struct {
 	CgroupRoot string // default /sys/fs/cgroup
 	CgroupName string // default "den"
 	// Network, if set, connects boxes whose spec asks for it.
-	Network *Network
+	Network *host.Network
 }
 
 // New checks the host and prepares the runtime.
@@ -80,7 +81,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	// Make the run directory a private mount so mounts made under it never
 	// propagate into (or out of) other mount namespaces.
-	if err := MakePrivateMount(cfg.RunDir); err != nil {
+	if err := host.MakePrivateMount(cfg.RunDir); err != nil {
 		return nil, err
 	}
 	exe, err := sealedSelf()
@@ -112,39 +113,6 @@ func mkdirSearchable(dir string) error {
 		}
 	}
 	return nil
-}
-
-// MakePrivateMount makes dir a private mount (binding it onto itself
-// first if it is not a mount point), so mounts made under it never
-// propagate into (or out of) other mount namespaces.
-func MakePrivateMount(dir string) error {
-	mounted, err := isMountPoint(dir)
-	if err != nil {
-		return err
-	}
-	if !mounted {
-		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind %s: %w", dir, err)
-		}
-	}
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make %s private: %w", dir, err)
-	}
-	return nil
-}
-
-func isMountPoint(dir string) (bool, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && f[4] == dir {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // sealedSelf copies the running binary into a sealed memfd, so a box's
@@ -225,6 +193,23 @@ type box struct {
 	done chan struct{}
 	stop sync.Once
 }
+
+// The abilities of the linux tier (isolate's optional interfaces).
+var (
+	_ isolate.Runtime       = (*Runtime)(nil)
+	_ isolate.Cleaner       = (*Runtime)(nil)
+	_ isolate.Loader        = (*Runtime)(nil)
+	_ isolate.Canonicalizer = (*Runtime)(nil)
+
+	_ isolate.Box            = (*box)(nil)
+	_ isolate.Pauser         = (*box)(nil)
+	_ isolate.Statser        = (*box)(nil)
+	_ isolate.Networker      = (*box)(nil)
+	_ isolate.Dialer         = (*box)(nil)
+	_ isolate.UDPAllower     = (*box)(nil)
+	_ isolate.FrozenReporter = (*box)(nil)
+	_ isolate.ProcLister     = (*box)(nil)
+)
 
 func (b *box) Agent() *agent.Client             { return b.ag }
 func (b *box) Pid() int                         { return b.pid }
@@ -419,8 +404,6 @@ func (r *Runtime) removeRun(id string) ([]string, error) {
 	return gone, storage.RemoveTree(run)
 }
 
-var _ isolate.Cleaner = (*Runtime)(nil)
-
 // Clean removes what a box left outside its storage: processes a dead
 // daemon left running, its cgroups, its network interface, and its run
 // directory with anything mounted in it. It returns the mount points it
@@ -439,13 +422,7 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	if _, err := r.Clean(ctx, spec); err != nil {
 		return err
 	}
-	if spec.Dir == "" {
-		return nil
-	}
-	if err := storage.RemoveTree(spec.Dir); err != nil {
-		return fmt.Errorf("remove box storage: %w", err)
-	}
-	return nil
+	return isolate.RemoveStorage(spec)
 }
 
 // Load reattaches to a box that outlived the daemon that started it: pid
@@ -546,8 +523,6 @@ func (b *box) SetBandwidth(rate int64) error {
 	}
 	return b.rt.net.SetBandwidth(b.pid, b.spec.NetSlot, rate)
 }
-
-var _ isolate.Pauser = (*box)(nil)
 
 // Pause freezes every process of the box, its agent included, and returns
 // once the kernel reports them all frozen (cgroup freezer).

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/den-dev/den/internal/host"
 	"io/fs"
 	"os"
 	"path"
@@ -152,19 +153,11 @@ func mountSource(m isolate.Mount, ns *os.File) (int, error) {
 	return fd, nil
 }
 
-// inRoot resolves paths the way the box will see them: symlinks (even
-// absolute or full of "..") stay inside the root, and /proc magic links
-// are refused.
-var inRoot = unix.OpenHow{
-	Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-	Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-}
-
 // attachInRoot attaches the detached mount src at target, a path resolved
 // inside the directory root; missing directories on the way are created
 // (mode 0755, by the caller's fsuid).
 func attachInRoot(root int, target string, src int) error {
-	dir, err := MkdirInRoot(root, target)
+	dir, err := host.MkdirInRoot(root, target)
 	if err != nil {
 		return err
 	}
@@ -173,43 +166,6 @@ func attachInRoot(root int, target string, src int) error {
 		return fmt.Errorf("move_mount: %w", err)
 	}
 	return nil
-}
-
-// MkdirInRoot opens (O_PATH) the directory p inside root, creating what is
-// missing (mode 0755, owned by the caller) one component at a time, each
-// in its parent as resolved inside root: symlinks stay inside the root and
-// /proc magic links are refused.
-func MkdirInRoot(root int, p string) (int, error) {
-	rel := strings.TrimPrefix(path.Clean("/"+p), "/")
-	how := inRoot
-	if fd, err := unix.Openat2(root, rel, &how); !errors.Is(err, unix.ENOENT) {
-		return fd, err
-	}
-	parent, err := unix.Openat2(root, ".", &how)
-	if err != nil {
-		return -1, err
-	}
-	comps := strings.Split(rel, "/")
-	for i, c := range comps {
-		prefix := strings.Join(comps[:i+1], "/")
-		fd, err := unix.Openat2(root, prefix, &how)
-		if errors.Is(err, unix.ENOENT) {
-			if err := unix.Mkdirat(parent, c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
-				unix.Close(parent)
-				return -1, fmt.Errorf("create /%s: %w", prefix, err)
-			}
-			fd, err = unix.Openat2(root, prefix, &how)
-			if errors.Is(err, unix.ENOENT) {
-				err = errors.New("a dangling symlink")
-			}
-		}
-		unix.Close(parent)
-		if err != nil {
-			return -1, fmt.Errorf("open /%s: %w", prefix, err)
-		}
-		parent = fd
-	}
-	return parent, nil
 }
 
 // secbitNoSetuidFixup keeps a thread's capabilities when its (fs)uid

@@ -36,13 +36,13 @@
 // (init failure, kernel panic) ends QEMU; the console (RUNDIR/console.log)
 // gives the reason.
 //
-// Networking reuses the linux tier's: a network namespace pinned at
-// RUNDIR/netns gets eth0 from den's Network (same slot address, bridge,
-// nftables rules and egress proxy). Its addresses and routes move to the
-// guest, and a tap device made inside the namespace is wired to eth0
-// with tc (u32 + mirred redirect, both ways; towards eth0 only the frames
-// from the box's own MAC), so the guest's frames leave through the slot's
-// veth with the slot's address, shaped by eth0's qdisc.
+// Networking is the linux tier's too (internal/host): a network namespace
+// pinned at RUNDIR/netns gets eth0 from den's host.Network (same slot
+// address, bridge, nftables rules and egress proxy). Its addresses and
+// routes move to the guest, and a tap device made inside the namespace is
+// wired to eth0 with tc (u32 + mirred redirect, both ways; towards eth0
+// only the frames from the box's own MAC), so the guest's frames leave
+// through the slot's veth with the slot's address, shaped by eth0's qdisc.
 //
 // Pause and Resume are QMP stop and cont. A checkpoint stops the VM,
 // migrates it with exec:cat into dir/memory (QEMU 7.2 has no file: URI),

@@ -19,7 +19,7 @@ import (
 
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/confine"
-	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/host"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -530,9 +530,9 @@ func configureEth(eth netlink.Link, n *guestNet) error {
 			return fmt.Errorf("address %s: %w", a.IPNet, err)
 		}
 	}
-	// No link-local address, as on the linux tier (see linux.NoLinkLocal).
+	// No link-local address, as on the linux tier (see host.NoLinkLocal).
 	if n.GW6 != "" {
-		if err := linux.NoLinkLocal(&netlink.Handle{}, eth); err != nil {
+		if err := host.NoLinkLocal(&netlink.Handle{}, eth); err != nil {
 			return err
 		}
 	}
@@ -636,7 +636,7 @@ func boxMounts(root string) error {
 	// The guest's kernel interfaces are hidden as on the linux tier
 	// (MountSystem masks them): a command must not crash or reboot the
 	// guest through sysrq, or read its kernel's memory.
-	return linux.MountSystem(root, func(dst, name string) error {
+	return host.MountSystem(root, func(dst, name string) error {
 		if err := unix.Mknod(dst, unix.S_IFCHR|0o666, int(unix.Mkdev(guestDevices[name][0], guestDevices[name][1]))); err != nil {
 			return err
 		}

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/storage"
 	"golang.org/x/sys/unix"
 )
@@ -43,7 +43,7 @@ type Config struct {
 	// BootTimeout bounds a boot until the agent answers (default 60 s).
 	BootTimeout time.Duration
 	// Network, if set, connects boxes whose spec asks for it.
-	Network *linux.Network
+	Network *host.Network
 
 	// extraAppend is added to the guest kernel's command line (tests).
 	extraAppend string
@@ -78,16 +78,20 @@ type Runtime struct {
 	cfg    Config
 	info   Info
 	images *imageCache
-	net    *linux.Network
+	net    *host.Network
 }
 
+// The abilities of the microvm tier (isolate's optional interfaces).
 var (
 	_ isolate.Runtime      = (*Runtime)(nil)
+	_ isolate.Loader       = (*Runtime)(nil)
 	_ isolate.Checkpointer = (*Runtime)(nil)
-	_ isolate.Box          = (*box)(nil)
-	_ isolate.Pauser       = (*box)(nil)
-	_ isolate.Statser      = (*box)(nil)
-	_ isolate.Dialer       = (*box)(nil)
+	_ isolate.Adopter      = (*Runtime)(nil)
+
+	_ isolate.Box     = (*box)(nil)
+	_ isolate.Pauser  = (*box)(nil)
+	_ isolate.Statser = (*box)(nil)
+	_ isolate.Dialer  = (*box)(nil)
 )
 
 // DialInside connects to 127.0.0.1:port inside the guest, through the
@@ -386,10 +390,10 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 			return nil, errors.New("this daemon has no sandbox network (start den serve with networking)")
 		}
 		nsPath := filepath.Join(run, "netns")
-		if err := linux.CreateNetNS(nsPath); err != nil {
+		if err := host.CreateNetNS(nsPath); err != nil {
 			return nil, err
 		}
-		cleanup = append(cleanup, func() { r.net.Detach(spec.NetSlot); linux.RemoveNetNS(nsPath) })
+		cleanup = append(cleanup, func() { r.net.Detach(spec.NetSlot); host.RemoveNetNS(nsPath) })
 		if _, err := r.net.AttachPath(nsPath, spec.NetSlot); err != nil {
 			return nil, err
 		}
@@ -655,7 +659,7 @@ func (r *Runtime) cleanupRun(spec *isolate.Spec) error {
 		if r.net != nil {
 			r.net.Detach(spec.NetSlot)
 		}
-		linux.RemoveNetNS(nsPath)
+		host.RemoveNetNS(nsPath)
 	}
 	if err := storage.RemoveTree(run); err != nil {
 		return fmt.Errorf("remove run dir: %w", err)
@@ -692,7 +696,7 @@ func isOurQEMU(pid int, run string) bool {
 	if err != nil {
 		return false
 	}
-	if _, f, err := linux.ProcStat(pid); err == nil && len(f) > 0 && f[0] == "Z" {
+	if _, f, err := host.ProcStat(pid); err == nil && len(f) > 0 && f[0] == "Z" {
 		return false
 	}
 	return strings.Contains(string(b), "qemu") && strings.Contains(string(b), filepath.Join(run, "qmp.sock"))
@@ -705,13 +709,7 @@ func (r *Runtime) Destroy(ctx context.Context, spec *isolate.Spec) error {
 	if err := r.cleanupRun(spec); err != nil {
 		return err
 	}
-	if spec.Dir == "" {
-		return nil
-	}
-	if err := storage.RemoveTree(spec.Dir); err != nil {
-		return fmt.Errorf("remove box storage: %w", err)
-	}
-	return nil
+	return isolate.RemoveStorage(spec)
 }
 
 // Load reattaches to a box whose QEMU (pid) outlived the daemon that
@@ -806,7 +804,7 @@ func (b *box) Resume(ctx context.Context) error {
 // the box's interface.
 func (b *box) Stats() (isolate.Stats, error) {
 	var st isolate.Stats
-	_, f, err := linux.ProcStat(b.pid)
+	_, f, err := host.ProcStat(b.pid)
 	if err != nil {
 		return st, fmt.Errorf("box %s: %w", b.spec.ID, err)
 	}

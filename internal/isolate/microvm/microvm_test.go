@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/den-dev/den/internal/agent"
+	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/isolatetest"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -355,7 +355,7 @@ func TestNetwork(t *testing.T) {
 	}
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
-	ncfg := linux.NetworkConfig{
+	ncfg := host.NetworkConfig{
 		Bridge: fmt.Sprintf("dmv%d", id), Table: fmt.Sprintf("denmv%d", id),
 		Subnet:      netip.MustParsePrefix(fmt.Sprintf("10.232.%d.0/24", id%250)),
 		Transparent: port, DNS: port + 1, HTTPProxy: port + 2,
@@ -369,7 +369,7 @@ func TestNetwork(t *testing.T) {
 			netlink.LinkDel(l)
 		}
 	})
-	n, err := linux.NewNetwork(ncfg)
+	n, err := host.NewNetwork(ncfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -571,10 +571,10 @@ func TestMACFilter(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	nsPath := filepath.Join(dir, "netns")
-	if err := linux.CreateNetNS(nsPath); err != nil {
+	if err := host.CreateNetNS(nsPath); err != nil {
 		t.Fatalf("make a network namespace: %v", err)
 	}
-	defer linux.RemoveNetNS(nsPath)
+	defer host.RemoveNetNS(nsPath)
 	ns, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package linux
+package host
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package linux
+package host
 
 import (
 	"errors"
@@ -49,7 +49,7 @@ func CreateNetNS(path string) error {
 		if err != nil {
 			err = fmt.Errorf("pin network namespace at %s: %w", path, err)
 		} else {
-			err = loopbackUp()
+			err = LoopbackUp()
 		}
 		// Back to the daemon's namespace before the thread is reused; if
 		// that fails the thread stays locked and ends with the goroutine
@@ -84,4 +84,26 @@ func isNetNS(path string) (bool, error) {
 		return false, err
 	}
 	return st.Type == unix.NSFS_MAGIC, nil
+}
+
+// LoopbackUp brings up the loopback interface of the calling thread's
+// network namespace.
+func LoopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring lo up: %w", err)
+	}
+	return nil
 }
