@@ -288,7 +288,7 @@ func TestNetLog(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 4 || list[0].Type != "net.dns" {
 		t.Errorf("net log --json: %+v", r)
 	}
-	if !strings.Contains(r.stdout, `"Process": "p3 (python3 -c import urllib.request; urllib.request.urlopen('http://[2001:db8::1]/'))"`) {
+	if !strings.Contains(r.stdout, `"process": "p3 (python3 -c import urllib.request; urllib.request.urlopen('http://[2001:db8::1]/'))"`) {
 		t.Errorf("net log --json does not have the whole process:\n%s", r.stdout)
 	}
 	if r := den(t, f, "", "net", "log", "--json", "--since", "1h", "other"); r.code != 0 || !strings.Contains(r.stdout, "elsewhere.example") ||
@@ -298,6 +298,18 @@ func TestNetLog(t *testing.T) {
 	// A removed sandbox's log is still there under its full id.
 	if r := den(t, f, "", "net", "log", "--json", "0000"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
 		t.Errorf("net log of an unknown sandbox: %+v", r)
+	}
+}
+
+// Events an older daemon logged with Go field names as keys still print.
+func TestNetLogLegacyKeys(t *testing.T) {
+	f := newFakeDaemon(t)
+	sb := f.addSandbox(api.CreateRequest{Name: "box", Network: &api.NetworkPolicy{Mode: api.NetOpen}})
+	f.netEvent(sb.ID, "connect", map[string]any{"Time": "2025-03-04T05:06:07Z", "Kind": "connect", "Name": "old.example", "Addr": "192.0.2.1",
+		"Port": 443, "BytesOut": 512, "BytesIn": 1024, "Verdict": "deny", "Reason": "gone", "ProcessUnknown": "the socket was closed"})
+	r := den(t, f, "", "net", "log", "box")
+	if !regexp.MustCompile(`connect\s+old\.example\s+192\.0\.2\.1:443\s+deny\s+512B/1\.00KiB\s+\?\s+gone \(process unknown: the socket was closed\)`).MatchString(r.stdout) {
+		t.Errorf("net log of a legacy event:\n%s", r.stdout)
 	}
 }
 
