@@ -449,3 +449,28 @@ func TestNetSetLimitsAndSecretHeaders(t *testing.T) {
 		t.Errorf("%d PUT network, want 5", n)
 	}
 }
+
+func TestDeniedLine(t *testing.T) {
+	if got := deniedLine(nil, "web"); got != "" {
+		t.Errorf("no denials: %q", got)
+	}
+	tcp := func(host string, port, n int, rule string) api.DeniedConn {
+		return api.DeniedConn{Host: host, Port: port, Proto: "tcp", Rule: rule, Count: n}
+	}
+	for _, c := range []struct {
+		denied []api.DeniedConn
+		want   string
+	}{
+		{[]api.DeniedConn{tcp("example.com", 443, 1, "name not in allow list")},
+			"den: 1 connection denied (example.com:443 name not in allow list): see den net log web"},
+		{[]api.DeniedConn{tcp("example.com", 443, 1, "name not in allow list"), tcp("10.0.0.1", 80, 1, "address not public")},
+			"den: 2 connections denied (example.com:443 name not in allow list; 10.0.0.1:80 address not public): see den net log web"},
+		{[]api.DeniedConn{{Host: "x.example", Port: 53, Proto: "dns", Rule: "name not in allow list", Count: 2}, tcp("2001:db8::1", 80, 3, "address not public"),
+			tcp("a", 1, 1, "r"), tcp("b", 2, 1, "r")},
+			"den: 7 connections denied (DNS x.example (2 times) name not in allow list; [2001:db8::1]:80 (3 times) address not public; a:1 r; and 1 more): see den net log web"},
+	} {
+		if got := deniedLine(c.denied, "web"); got != c.want {
+			t.Errorf("deniedLine:\n got %q\nwant %q", got, c.want)
+		}
+	}
+}

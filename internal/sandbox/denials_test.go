@@ -23,10 +23,10 @@ func TestGroupDenials(t *testing.T) {
 		ev(2, egress.KindConnect, "", "10.0.0.1", 80, "no name: blocked address 10.0.0.1: private (RFC 1918)", "p7 (sh -c ...)"),
 		ev(3, egress.KindConnect, "example.com", "", 443, "name not in allow list", "p7 (curl https://example.com)"),
 		ev(4, egress.KindConnect, "other.example", "", 443, "name not in allow list", "p8 (curl https://other.example)"), // another exec
-		ev(5, egress.KindDNS, "example.com", "", 0, "name not in allow list", ""),                                         // unattributed
-		ev(6, egress.KindDNS, "example.com", "", 0, "name not in allow list", "pid 40 (wget)"),                            // no agent process
-		ev(2*time.Minute, egress.KindConnect, "late.example", "", 443, "name not in allow list", "p7 (curl)"),             // after the end
-		ev(7, egress.KindConnect, "p71.example", "", 443, "name not in allow list", "p71 (curl)"),                         // p71 is not p7
+		ev(5, egress.KindDNS, "example.com", "", 0, "name not in allow list", ""),                                        // unattributed
+		ev(6, egress.KindDNS, "example.com", "", 0, "name not in allow list", "pid 40 (wget)"),                           // no agent process
+		ev(2*time.Minute, egress.KindConnect, "late.example", "", 443, "name not in allow list", "p7 (curl)"),            // after the end
+		ev(7, egress.KindConnect, "p71.example", "", 443, "name not in allow list", "p71 (curl)"),                        // p71 is not p7
 	}
 	got := groupDenials(evs, "p7", end)
 	want := []api.DeniedConn{
