@@ -98,7 +98,13 @@ func TestSync(t *testing.T) {
 		<-release
 		got = append(got, e.Name)
 	}})
-	defer s.Close()
+	released := false
+	defer func() {
+		if !released {
+			close(release) // let Close flush the queue
+		}
+		s.Close()
+	}()
 	s.emit(Event{Name: "a"})
 	s.emit(Event{Name: "b"})
 	done := make(chan struct{})
@@ -112,6 +118,7 @@ func TestSync(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	close(release)
+	released = true
 	<-done
 	if len(got) != 2 || got[0] != "a" || got[1] != "b" {
 		t.Fatalf("Log saw %v when Sync returned; want [a b]", got)
