@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/den-dev/den/api"
 )
@@ -95,10 +98,45 @@ exit 3`
 	if !strings.Contains(out, `"denied": [`) || !strings.Contains(out, `"rule": "name not in allow list"`) {
 		t.Errorf("den exec --json does not show the list in snake_case:\n%s", out)
 	}
+	// MCP's exec tool, where an agent looks, has the list too.
+	mcpExec := func(shell string) map[string]any {
+		t.Helper()
+		ctx := context.Background()
+		tr := &sdk.StreamableClientTransport{Endpoint: "http://" + strings.TrimPrefix(d.addr, "tcp://") + "/mcp",
+			HTTPClient: &http.Client{Transport: bearerAuth{d.token}}}
+		cs, err := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "0"}, nil).Connect(ctx, tr, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"sandbox": sb.ID, "shell": shell}})
+		if err != nil || res.IsError {
+			t.Fatalf("MCP exec: %v %+v", err, res)
+		}
+		b, _ := json.Marshal(res.StructuredContent)
+		var m map[string]any
+		json.Unmarshal(b, &m)
+		return m
+	}
+	if got := fmt.Sprint(mcpExec("curl -s --max-time 5 http://other.test/")["denied"]); got != "[map[count:1 host:other.test port:80 proto:tcp reason:name not in allow list rule:name not in allow list]]" {
+		t.Errorf("MCP exec: denied %s", got)
+	}
+	if got, ok := mcpExec("true")["denied"]; ok {
+		t.Errorf("MCP exec of a command refused nothing: denied %v", got)
+	}
 	// den run says it too, naming the sandbox by its full id (its net
 	// log outlives --rm).
 	out, errOut, code = d.cliSplit("run", "--rm", "--allow", "allowed.test", "--", "curl", "-s", "--max-time", "5", "-o", "/dev/null", "http://other.test/")
 	if code != 0 || !strings.HasPrefix(errOut, "den: 1 connection denied (other.test:80 name not in allow list): see den net log ") || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("den run: exit %d, stderr %q, stdout %q", code, errOut, out)
 	}
+}
+
+// bearerAuth sets the daemon's token on MCP requests.
+type bearerAuth struct{ token string }
+
+func (b bearerAuth) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
 }
