@@ -203,7 +203,31 @@ type ExitStatus struct {
 	CPU Duration `json:"cpu,omitempty"`
 	// MaxRSS is the peak resident set size of the largest process, in bytes.
 	MaxRSS int64 `json:"max_rss,omitempty"`
+	// Denied lists the connections and DNS queries den's egress refused
+	// the command while it ran (foreground execs through the API; at most
+	// MaxDenied destinations, the event log has them all).
+	Denied []DeniedConn `json:"denied,omitempty"`
 }
+
+// DeniedConn is the refused connections (or DNS queries) of a command to
+// one destination for one rule.
+type DeniedConn struct {
+	// Host is the name connected to or queried (TLS SNI, HTTP Host, proxy
+	// target), or the address when there was no name.
+	Host string `json:"host"`
+	Port int    `json:"port"`
+	// Proto is "tcp" for a connection, "dns" for a DNS query.
+	Proto string `json:"proto"`
+	// Rule is the short, stable rule that refused it: "name not in allow
+	// list", "address not public", … (the status line of an HTTP refusal).
+	Rule string `json:"rule"`
+	// Reason is the whole reason of the first refusal.
+	Reason string `json:"reason"`
+	Count  int    `json:"count"`
+}
+
+// MaxDenied bounds ExitStatus.Denied.
+const MaxDenied = 64
 
 // ExecResult is the JSON answer of a non-streaming exec.
 type ExecResult struct {

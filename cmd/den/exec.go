@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -22,7 +23,10 @@ var verbExec = &verb{
 	synopsis: "[flags] ID [--] CMD [ARG...]",
 	details: `Output is streamed as it arrives and den exits with the command's exit code
 (128+N when killed by signal N, 124 on timeout, 137 when out of memory).
-Each argument is one argv entry; for a shell line use: den exec ID -- sh -c '...'
+When den's network policy refused connections or DNS queries the command
+made, den prints one line on stderr after it ends naming them and the rule
+that refused each (see den net log for all of them); --json has them as
+"denied". Each argument is one argv entry; for a shell line use: den exec ID -- sh -c '...'
 
 With -it the command runs on a terminal of the size of den's own, which is
 put in raw mode while den runs: what is typed goes to the command, window
@@ -113,7 +117,45 @@ func (c *cli) runCommand(ctx context.Context, cl *client.Client, id string, o *e
 	if err != nil {
 		return interrupted(ctx, err)
 	}
+	if line := deniedLine(st.Denied, id); line != "" {
+		fmt.Fprintln(c.stderr, line)
+	}
 	return c.statusExit(st, o.timeout, false)
+}
+
+// deniedLine is the one line den exec prints on stderr when den's egress
+// refused some of the command's connections or DNS queries, like
+// "den: 2 connections denied (example.com:443 name not in allow list;
+// 10.0.0.1:80 address not public): see den net log web"; "" for none.
+func deniedLine(denied []api.DeniedConn, sandbox string) string {
+	if len(denied) == 0 {
+		return ""
+	}
+	const shown = 3
+	n := 0
+	var parts []string
+	for i, d := range denied {
+		n += d.Count
+		if i >= shown {
+			continue
+		}
+		what := net.JoinHostPort(d.Host, strconv.Itoa(d.Port))
+		if d.Proto == "dns" {
+			what = "DNS " + d.Host
+		}
+		if d.Count > 1 {
+			what += fmt.Sprintf(" (%d times)", d.Count)
+		}
+		parts = append(parts, what+" "+d.Rule)
+	}
+	if len(denied) > shown {
+		parts = append(parts, fmt.Sprintf("and %d more", len(denied)-shown))
+	}
+	noun := "connections"
+	if n == 1 {
+		noun = "connection"
+	}
+	return fmt.Sprintf("den: %d %s denied (%s): see den net log %s", n, noun, strings.Join(parts, "; "), sandbox)
 }
 
 // runStreamingStdin runs req with more stdin than an exec request carries

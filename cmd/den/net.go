@@ -74,13 +74,15 @@ the bytes sent and received, the process that made it (like p12 (curl ...)
 for a command den started, pid 7 (wget) for another process; --json has its
 whole command line), and why. When den cannot tell the process (it closed
 its socket or exited before den looked, or den's lookups are rationed), the
-PROCESS column shows ? and the reason says why (ProcessUnknown in --json). With -f den
+PROCESS column shows ? and the reason says why (process_unknown in --json); a
+denial's --json has its short rule too (rule, like "name not in allow list").
+With -f den
 then waits for new events and prints each as it comes, until Ctrl-C or, with
 --limit N, N events; without --since it prints only new events. With --json
 the events are printed as a JSON array (with -f, one JSON object a line).`,
 	example: `den net log web
 		den net log -f web
-		den net log --since 10m --json web | jq '.[].data | select(.Verdict == "deny")'`,
+		den net log --since 10m --json web | jq '.[].data | select(.verdict == "deny")'`,
 	run: cmdNetLog,
 }
 
@@ -399,10 +401,19 @@ func cmdNetShow(c *cli, v *verb, args []string) error {
 
 // netRow is one event as the columns of den net log.
 func netRow(e *api.Event) []string {
-	// The data is the daemon's egress.Event, whose JSON keys are its Go
-	// field names.
+	// The data is the daemon's egress.Event (snake_case keys).
 	var d egress.Event
 	json.Unmarshal(e.Data, &d) // what does not decode stays empty
+	// Events an older daemon logged have the Go field names as keys: the
+	// one-word ones decode above (keys match case-insensitively), these
+	// do not.
+	var old struct {
+		BytesOut, BytesIn int64
+		ProcessUnknown    string
+	}
+	if json.Unmarshal(e.Data, &old) == nil && d.BytesOut == 0 && d.BytesIn == 0 && d.ProcessUnknown == "" {
+		d.BytesOut, d.BytesIn, d.ProcessUnknown = old.BytesOut, old.BytesIn, old.ProcessUnknown
+	}
 	t := d.Time
 	if t.IsZero() {
 		t = e.Time

@@ -288,7 +288,7 @@ func TestNetLog(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 4 || list[0].Type != "net.dns" {
 		t.Errorf("net log --json: %+v", r)
 	}
-	if !strings.Contains(r.stdout, `"Process": "p3 (python3 -c import urllib.request; urllib.request.urlopen('http://[2001:db8::1]/'))"`) {
+	if !strings.Contains(r.stdout, `"process": "p3 (python3 -c import urllib.request; urllib.request.urlopen('http://[2001:db8::1]/'))"`) {
 		t.Errorf("net log --json does not have the whole process:\n%s", r.stdout)
 	}
 	if r := den(t, f, "", "net", "log", "--json", "--since", "1h", "other"); r.code != 0 || !strings.Contains(r.stdout, "elsewhere.example") ||
@@ -298,6 +298,18 @@ func TestNetLog(t *testing.T) {
 	// A removed sandbox's log is still there under its full id.
 	if r := den(t, f, "", "net", "log", "--json", "0000"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
 		t.Errorf("net log of an unknown sandbox: %+v", r)
+	}
+}
+
+// Events an older daemon logged with Go field names as keys still print.
+func TestNetLogLegacyKeys(t *testing.T) {
+	f := newFakeDaemon(t)
+	sb := f.addSandbox(api.CreateRequest{Name: "box", Network: &api.NetworkPolicy{Mode: api.NetOpen}})
+	f.netEvent(sb.ID, "connect", map[string]any{"Time": "2025-03-04T05:06:07Z", "Kind": "connect", "Name": "old.example", "Addr": "192.0.2.1",
+		"Port": 443, "BytesOut": 512, "BytesIn": 1024, "Verdict": "deny", "Reason": "gone", "ProcessUnknown": "the socket was closed"})
+	r := den(t, f, "", "net", "log", "box")
+	if !regexp.MustCompile(`connect\s+old\.example\s+192\.0\.2\.1:443\s+deny\s+512B/1\.00KiB\s+\?\s+gone \(process unknown: the socket was closed\)`).MatchString(r.stdout) {
+		t.Errorf("net log of a legacy event:\n%s", r.stdout)
 	}
 }
 
@@ -435,5 +447,30 @@ func TestNetSetLimitsAndSecretHeaders(t *testing.T) {
 	f.mu.Unlock()
 	if n != 5 {
 		t.Errorf("%d PUT network, want 5", n)
+	}
+}
+
+func TestDeniedLine(t *testing.T) {
+	if got := deniedLine(nil, "web"); got != "" {
+		t.Errorf("no denials: %q", got)
+	}
+	tcp := func(host string, port, n int, rule string) api.DeniedConn {
+		return api.DeniedConn{Host: host, Port: port, Proto: "tcp", Rule: rule, Count: n}
+	}
+	for _, c := range []struct {
+		denied []api.DeniedConn
+		want   string
+	}{
+		{[]api.DeniedConn{tcp("example.com", 443, 1, "name not in allow list")},
+			"den: 1 connection denied (example.com:443 name not in allow list): see den net log web"},
+		{[]api.DeniedConn{tcp("example.com", 443, 1, "name not in allow list"), tcp("10.0.0.1", 80, 1, "address not public")},
+			"den: 2 connections denied (example.com:443 name not in allow list; 10.0.0.1:80 address not public): see den net log web"},
+		{[]api.DeniedConn{{Host: "x.example", Port: 53, Proto: "dns", Rule: "name not in allow list", Count: 2}, tcp("2001:db8::1", 80, 3, "address not public"),
+			tcp("a", 1, 1, "r"), tcp("b", 2, 1, "r")},
+			"den: 7 connections denied (DNS x.example (2 times) name not in allow list; [2001:db8::1]:80 (3 times) address not public; a:1 r; and 1 more): see den net log web"},
+	} {
+		if got := deniedLine(c.denied, "web"); got != c.want {
+			t.Errorf("deniedLine:\n got %q\nwant %q", got, c.want)
+		}
 	}
 }

@@ -19,7 +19,8 @@ den run prints the new sandbox's id, like den create. Each argument is one
 argv entry; for a shell line use: den run -- sh -c '...'. With -it the
 command runs on an interactive terminal, as with den exec -it. A sandbox
 has no network (loopback only) unless --net, --allow or --allow-cidr says
-otherwise; see den net set -h.
+otherwise; see den net set -h. As with den exec, connections the policy
+refused the command are named in one line on stderr when it ends.
 
 ` + netFlagsDetails,
 	example: `den run --rm --memory 512m --timeout 30s -- python3 -c 'print(6*7)'

@@ -407,6 +407,9 @@ func startEgress(nw *host.Network, m *sandbox.Manager) (*egress.Server, error) {
 		Sandbox: m.SandboxForAddr, Log: m.NetEvent, Deny: []netip.Prefix{nw.Subnet(), nw.Subnet6()},
 		CA: m.SandboxCA, Attribute: m.Attribute,
 	})
+	// An exec's result lists its command's denials: the events of the
+	// refusals it saw must have reached the manager when it ends.
+	m.SetNetSync(func() { eg.Sync(2 * time.Second) })
 	// The same servers on the gateway's IPv4 and IPv6 addresses: nftables
 	// sends each family's traffic to its own.
 	for _, fam := range []struct {

@@ -150,3 +150,13 @@ func BenchmarkProxyThroughput(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSync is what an exec's end pays to see its denials: one Sync
+// of an idle event queue.
+func BenchmarkSync(b *testing.B) {
+	s := New(Config{Log: func(Event) {}})
+	defer s.Close()
+	for b.Loop() {
+		s.Sync(time.Second)
+	}
+}

@@ -112,26 +112,32 @@ type Config struct {
 	Attribute func(sandbox, network string, src netip.AddrPort) (process, unknown string)
 }
 
-// Event is one audit record: a DNS query or a connection.
+// Event is one audit record: a DNS query or a connection. Its JSON keys are
+// snake_case, like the rest of den's API.
 type Event struct {
-	Time     time.Time     // when the query or connection arrived
-	Sandbox  string        // sandbox id; "" for an unknown source
-	Kind     string        // "dns" or "connect"
-	Name     string        // queried name, or SNI / Host / proxy target
-	QType    string        // DNS query type ("A", "AAAA", "TXT", …); "" for connections
-	Addr     string        // connection: address dialed (or the original destination when denied); DNS: answers, comma-separated
-	Port     int           // destination port
-	BytesOut int64         // sandbox → upstream (for an intercepted TLS connection: the HTTP bytes sent upstream, before encryption)
-	BytesIn  int64         // upstream → sandbox (intercepted: the HTTP bytes sent to the sandbox, before encryption)
-	Verdict  string        // "allow" or "deny"
-	Reason   string        // why
-	Duration time.Duration // how long the query or connection lasted
-	SrcPort  int           // the sandbox-side source port (to attribute the connection to a process)
-	Process  string        // the process behind it, from Config.Attribute; "" when unknown
+	Time     time.Time     `json:"time"`      // when the query or connection arrived
+	Sandbox  string        `json:"sandbox"`   // sandbox id; "" for an unknown source
+	Kind     string        `json:"kind"`      // "dns" or "connect"
+	Name     string        `json:"name"`      // queried name, or SNI / Host / proxy target
+	QType    string        `json:"qtype"`     // DNS query type ("A", "AAAA", "TXT", …); "" for connections
+	Addr     string        `json:"addr"`      // connection: address dialed (or the original destination when denied); DNS: answers, comma-separated
+	Port     int           `json:"port"`      // destination port
+	BytesOut int64         `json:"bytes_out"` // sandbox → upstream (for an intercepted TLS connection: the HTTP bytes sent upstream, before encryption)
+	BytesIn  int64         `json:"bytes_in"`  // upstream → sandbox (intercepted: the HTTP bytes sent to the sandbox, before encryption)
+	Verdict  string        `json:"verdict"`   // "allow" or "deny"
+	Reason   string        `json:"reason"`    // why
+	Duration time.Duration `json:"duration"`  // how long the query or connection lasted, in nanoseconds
+	SrcPort  int           `json:"src_port"`  // the sandbox-side source port (to attribute the connection to a process)
+	Process  string        `json:"process"`   // the process behind it, from Config.Attribute; "" when unknown
 	// ProcessUnknown says why Process is empty (the socket was gone, the
 	// attribution was rationed or too slow, the source is no sandbox…);
 	// "" when Process is set or no Config.Attribute is configured.
-	ProcessUnknown string `json:",omitempty"`
+	ProcessUnknown string `json:"process_unknown,omitempty"`
+	// Rule is a denial's short, stable rule (Rule of Reason: "name not in
+	// allow list", "address not public", …); "" when allowed.
+	Rule string `json:"rule,omitempty"`
+
+	sync chan struct{} // a Sync marker, not an event
 }
 
 // Kinds and verdicts of Events.
@@ -221,6 +227,10 @@ func New(cfg Config) *Server {
 		go func() {
 			defer close(s.logDone)
 			for e := range s.events {
+				if e.sync != nil {
+					close(e.sync)
+					continue
+				}
 				cfg.Log(e)
 			}
 		}()
@@ -268,6 +278,29 @@ func (s *Server) Close() error {
 		<-s.logDone
 	}
 	return nil
+}
+
+// Sync waits (at most wait) until every Event emitted before it was
+// called has been passed to Config.Log. A denial's Event is emitted
+// before the refusal is sent (or the connection closed), so once a client
+// has seen its refusal, Sync makes its Event visible to Log's reader.
+func (s *Server) Sync(wait time.Duration) {
+	if s.events == nil || !s.enter() {
+		return
+	}
+	defer s.leave()
+	done := make(chan struct{})
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case s.events <- Event{sync: done}:
+	case <-t.C:
+		return
+	}
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // DroppedEvents is the number of Events dropped because Log fell behind.
@@ -409,6 +442,9 @@ const noSession = "the source is not a sandbox's address"
 // emitFor emits ev with the session's attribution (x nil: the source is
 // no sandbox's).
 func (s *Server) emitFor(x *session, ev Event) {
+	if ev.Verdict == VerdictDeny {
+		ev.Rule = Rule(ev.Reason)
+	}
 	switch {
 	case x != nil:
 		ev.Process, ev.ProcessUnknown = x.attr.result()

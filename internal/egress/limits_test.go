@@ -173,8 +173,8 @@ func TestMaxEgressBytes(t *testing.T) {
 	}
 	h.log.wait(t, "denied past the limit", func(e Event) bool { return e.Verdict == VerdictDeny && e.Reason == limitReason })
 	r, body := h.rawRequest(t, fmt.Sprintf("CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n", k.addr))
-	if r.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, limitReason) {
-		t.Fatalf("CONNECT past the limit: %d %q", r.StatusCode, body)
+	if r.Status != "429 den egress: "+RuleByteLimit || !strings.Contains(body, limitReason) {
+		t.Fatalf("CONNECT past the limit: %q %q", r.Status, body)
 	}
 	if k.accepted.Load() != before {
 		t.Fatal("a connection past the limit reached the upstream")

@@ -26,7 +26,8 @@ const maxRequestHead = 64 << 10
 // IPv4-mapped) is judged as an address, a name by AllowName and by the
 // addresses it resolves to, and only a checked address is dialed.
 // Userinfo ('@') or '%' in the host is refused. Refusals get a 403 (429 for
-// limits) whose body names the reason. A CONNECT tunnel to a name with
+// limits) whose status line names the rule (see Rule) and whose body the
+// whole reason. A CONNECT tunnel to a name with
 // secret headers (Policy.Secrets) whose client speaks TLS (for that name or
 // without SNI) is intercepted: see SecretHeader; other tunnels and
 // absolute-URI requests to such a name are relayed without the secrets.
@@ -154,12 +155,14 @@ func (s *Server) handleProxy(c net.Conn) {
 }
 
 // writeRefusal answers a refused request and closes the connection (by the
-// caller returning).
+// caller returning). The status line names the rule ("HTTP/1.1 403 den
+// egress: name not in allow list"), for clients that show only that; the
+// body has the whole reason.
 func writeRefusal(c net.Conn, code int, reason string) {
 	body := "den egress: " + reason + "\n"
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Den-Egress: deny\r\n\r\n%s",
-		code, http.StatusText(code), len(body), body)
+	fmt.Fprintf(c, "HTTP/1.1 %d den egress: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Den-Egress: deny\r\n\r\n%s",
+		code, Rule(reason), len(body), body)
 	c.SetWriteDeadline(time.Time{})
 }
 

@@ -182,3 +182,52 @@ func TestProxyUnknownSourceAndLimits(t *testing.T) {
 	}
 	h.log.wait(t, "rate limit", func(e Event) bool { return e.Reason == "rate limit" })
 }
+
+// A refusal's status line names the rule, for clients that show only the
+// status line (Go's CONNECT error, curl's "CONNECT tunnel failed"); the
+// body keeps the whole reason. Go's own HTTP client reads them here.
+func TestRefusalStatusLine(t *testing.T) {
+	h := newHarness(t, Policy{Mode: ModeAllow, Allow: []string{"api.example.com"}}, nil)
+	a := startHTTP(t, "127.0.0.2", "A", false)
+	h.res.set("api.example.com", []netip.Addr{a.addr.Addr()})
+	h.res.set("evil.example.com", []netip.Addr{a.addr.Addr()})
+	cl := h.proxyClient(nil)
+	get := func(u string) (*http.Response, string, error) {
+		resp, err := cl.Get(u)
+		if err != nil {
+			return nil, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b), nil
+	}
+	// The control: an allowed name goes through.
+	resp, body, err := get(fmt.Sprintf("http://api.example.com:%d/x", a.addr.Port()))
+	if err != nil || resp.StatusCode != 200 || !strings.Contains(body, "A host=api.example.com") {
+		t.Fatalf("allowed request: %v %v %q", resp, err, body)
+	}
+	for _, c := range []struct{ url, status, why string }{
+		{fmt.Sprintf("http://evil.example.com:%d/x", a.addr.Port()), "403 den egress: name not in allow list", "den egress: name not in allow list"},
+		{"http://10.0.0.1/", "403 den egress: address not public", "blocked address 10.0.0.1: private"},
+		{"http://[::1]:80/", "403 den egress: address is the host", "::1"},
+	} {
+		resp, body, err := get(c.url)
+		if err != nil {
+			t.Fatalf("GET %s: %v", c.url, err)
+		}
+		if resp.Status != c.status || !strings.Contains(body, c.why) || resp.Header.Get("X-Den-Egress") != "deny" {
+			t.Errorf("GET %s: %q %q; want %q and a body with %q", c.url, resp.Status, body, c.status, c.why)
+		}
+	}
+	// CONNECT: Go's transport makes the status line its error.
+	_, _, err = get(fmt.Sprintf("https://evil.example.com:%d/", a.addr.Port()))
+	if err == nil || !strings.Contains(err.Error(), "den egress: name not in allow list") {
+		t.Fatalf("denied CONNECT: err %v; want it to name the rule", err)
+	}
+	e := h.log.wait(t, "CONNECT denied", func(e Event) bool {
+		return e.Name == "evil.example.com" && e.Verdict == VerdictDeny && e.Port == int(a.addr.Port())
+	})
+	if e.Rule != RuleNameNotAllowed {
+		t.Errorf("event rule %q; want %q", e.Rule, RuleNameNotAllowed)
+	}
+}

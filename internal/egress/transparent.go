@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"time"
@@ -25,7 +26,8 @@ import (
 //
 // The original destination may never be the host itself (the proxy, the
 // bridge, any host interface address) or Config.Deny. Denied connections
-// are closed. A TLS connection (SNI present, any port) to a name with
+// are closed, a plain HTTP request's after a 403 refusal like the explicit
+// proxy's (see ServeProxy). A TLS connection (SNI present, any port) to a name with
 // secret headers (Policy.Secrets) is intercepted: see SecretHeader; a
 // plain-HTTP one is relayed unchanged, without the secrets. Every
 // connection is logged once, when it ends. It returns nil after Close, and
@@ -39,9 +41,14 @@ func (s *Server) handleTransparent(c net.Conn) {
 	src := addrPortOf(c.RemoteAddr())
 	ev := Event{Time: start, Kind: KindConnect, SrcPort: int(src.Port())}
 	var x *session
+	var kind sniffKind
 	deny := func(reason string) {
 		ev.Verdict, ev.Reason, ev.Duration = VerdictDeny, reason, time.Since(start)
 		s.emitFor(x, ev)
+		if kind == sniffHTTP {
+			// A plain HTTP request gets its refusal as an HTTP answer.
+			writeRefusal(c, http.StatusForbidden, reason)
+		}
 	}
 	// The sandbox first, so that every denial below has its process.
 	id, pol, known := s.lookup(src.Addr())
@@ -82,7 +89,8 @@ func (s *Server) handleTransparent(c net.Conn) {
 	}
 	rawOK, rawWhy := s.judgeAddr(pol, dst.Addr(), false)
 
-	pre, kind, name, serr := s.peek(c, rawOK)
+	pre, k, name, serr := s.peek(c, rawOK)
+	kind = k
 	if serr != nil && errors.Is(serr, io.EOF) {
 		deny("client closed before sending a request")
 		return

@@ -81,32 +81,45 @@ func TestTransparentHTTPHost(t *testing.T) {
 	h.log.wait(t, "HTTP allowed", func(e Event) bool {
 		return e.Name == "web.example.com" && e.Verdict == VerdictAllow && e.BytesIn > 0
 	})
-	// Refused Hosts, each logged with its reason (the control: a's answer above).
-	for _, c := range []struct{ host, why string }{
-		{"no.example.com", "denied by rule no.example.com"},
-		{"example.com", "name not in allow list"},
-		{"web.example.com@evil.com", "no name (http: invalid character in host)"},
-		{"web.example.com%00x", "no name (http: invalid character in host)"},
+	// Refused Hosts, each answered with den's 403 naming the rule and
+	// logged with its reason (the control: a's answer above).
+	for _, c := range []struct{ host, why, rule string }{
+		{"no.example.com", "denied by rule no.example.com", RuleNameDenied},
+		{"example.com", "name not in allow list", RuleNameNotAllowed},
+		{"web.example.com@evil.com", "no name (http: invalid character in host)", RuleAddrNotAllowed},
+		{"web.example.com%00x", "no name (http: invalid character in host)", RuleAddrNotAllowed},
 	} {
 		from := len(h.log.all())
-		if body, _ := send(c.host); body != "" {
-			t.Errorf("Host %q got an answer: %q", c.host, body)
-		}
+		body, _ := send(c.host)
+		assertRefusal(t, "Host "+c.host, body, 403, c.rule, c.why)
 		h.log.waitFrom(t, from, "Host "+c.host+" denied", func(e Event) bool {
-			return e.Verdict == VerdictDeny && strings.Contains(e.Reason, c.why)
+			return e.Verdict == VerdictDeny && strings.Contains(e.Reason, c.why) && e.Rule == c.rule
 		})
 	}
 	// The Host the client gives, not the address it dialed, decides; an
 	// absolute URI that disagrees with the Host header is refused.
 	c, _ := h.dialTransparent(a.addr)
 	fmt.Fprintf(c, "GET http://evil.com/ HTTP/1.1\r\nHost: web.example.com\r\n\r\n")
-	if b, _ := readAllTimeout(c, 5*time.Second); len(b) != 0 {
-		t.Errorf("conflicting hosts answered: %q", b)
-	}
+	b, _ := readAllTimeout(c, 5*time.Second)
+	assertRefusal(t, "conflicting hosts", string(b), 403, RuleAddrNotAllowed, "Host header differs from the request target")
 	c.Close()
 	h.log.wait(t, "conflicting hosts denied", func(e Event) bool {
 		return e.Verdict == VerdictDeny && strings.Contains(e.Reason, "Host header differs from the request target")
 	})
+}
+
+// assertRefusal checks that raw is den's refusal (and nothing of an
+// upstream's answer): the status line names rule, the body has why.
+func assertRefusal(t *testing.T, what, raw string, code int, rule, why string) {
+	t.Helper()
+	head, body, _ := strings.Cut(raw, "\r\n\r\n")
+	status, _, _ := strings.Cut(head, "\r\n")
+	if want := fmt.Sprintf("HTTP/1.1 %d den egress: %s", code, rule); status != want {
+		t.Errorf("%s: status line %q, want %q (whole answer %q)", what, status, want, raw)
+	}
+	if !strings.HasPrefix(body, "den egress: ") || !strings.Contains(body, why) || strings.Contains(body, "host=") {
+		t.Errorf("%s: body %q, want den's refusal naming %q", what, body, why)
+	}
 }
 
 // DNS rebinding: the name resolved to one address for the sandbox and to
@@ -139,9 +152,8 @@ func TestTransparentRebinding(t *testing.T) {
 	h.res.Resolve(t.Context(), "meta.example.com")
 	c, _ = h.dialTransparent(a.addr)
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: meta.example.com\r\n\r\n")
-	if got, _ := readAllTimeout(c, 5*time.Second); len(got) != 0 {
-		t.Fatalf("metadata rebinding answered: %q", got)
-	}
+	got, _ = readAllTimeout(c, 5*time.Second)
+	assertRefusal(t, "metadata rebinding", string(got), 403, RuleNameNotPublic, "cloud metadata")
 	c.Close()
 	h.log.wait(t, "rebinding to metadata denied", func(e Event) bool {
 		return e.Name == "meta.example.com" && e.Verdict == VerdictDeny && strings.Contains(e.Reason, "private address") &&

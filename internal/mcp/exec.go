@@ -110,6 +110,7 @@ type execOut struct {
 	Truncated  bool             `json:"truncated,omitempty" jsonschema:"output was cut to its start and end"`
 	DurationMS float64          `json:"duration_ms"`
 	Process    *api.ProcessInfo `json:"process,omitempty" jsonschema:"the background process started"`
+	Denied     []api.DeniedConn `json:"denied,omitempty" jsonschema:"connections and DNS queries the sandbox's network policy refused the command (host, port, proto, rule, reason, count); the net log has them all"`
 }
 
 func (s *server) exec(ctx context.Context, req *sdk.CallToolRequest, in execIn) (*sdk.CallToolResult, execOut, error) {
@@ -165,7 +166,7 @@ func (s *server) exec(ctx context.Context, req *sdk.CallToolRequest, in execIn) 
 		return nil, execOut{}, toolError(err)
 	}
 	return nil, execOut{ExitCode: st.ExitCode, Reason: st.Reason, Signal: st.Signal, Error: st.Error,
-		Stdout: out.String(), Stderr: errb.String(), Truncated: out.cut() || errb.cut(),
+		Stdout: out.String(), Stderr: errb.String(), Truncated: out.cut() || errb.cut(), Denied: st.Denied,
 		DurationMS: float64(time.Since(t0).Microseconds()) / 1000}, nil
 }
 

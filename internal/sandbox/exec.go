@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
@@ -85,6 +86,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 	spec, argv, user := m.execSpec(ctx, sb, &req)
 	defer m.hold(sb.ID)()
 	oomBefore := b.OOMKills()
+	w := m.watchDenials(sb.ID)
+	defer m.stopDenials(w)
 	rc, err := ag.Exec(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -112,6 +115,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 			if st.Signal == "SIGKILL" && st.Reason != api.ReasonTimeout && b.OOMKills() > oomBefore {
 				st.Reason, st.ExitCode = api.ReasonOOM, 137
 			}
+			st.Denied = m.endDenials(w, proc, time.Now())
 			m.event(sb.ID, "exec.end", execEnd(proc, argv, user, &st))
 			return &st, nil
 		case api.FrameError:

@@ -89,6 +89,7 @@ type Manager struct {
 	slots       map[int]string           // id range slot → sandbox id
 	locks       map[string]*sync.Mutex   // one lifecycle operation at a time per sandbox
 	adm         admission                // per-owner quota checks
+	denials     denialWatches            // the egress denials of the execs running
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}

@@ -79,6 +79,9 @@ func (m *Manager) SandboxForAddr(src netip.Addr) (string, egress.Policy, bool) {
 // NetEvent records one egress event in the event log.
 func (m *Manager) NetEvent(ev egress.Event) {
 	m.event(ev.Sandbox, "net."+ev.Kind, ev)
+	if ev.Verdict == egress.VerdictDeny {
+		m.noteDenial(ev)
+	}
 }
 
 // policyFor is the proxy's policy for a sandbox: secrets expanded.

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -317,6 +318,7 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 			return nil, fmt.Errorf("no such host %s", name)
 		},
 	})
+	m.SetNetSync(func() { eg.Sync(2 * time.Second) }) // as den serve does
 	go eg.ServeTransparent(lns[0])
 	go eg.ServeDNS(pc, lns[1])
 	go eg.ServeProxy(lns[2])
@@ -1721,5 +1723,92 @@ for target in sys.argv[1:]:
 			return ev.Kind == egress.KindConnect && ev.Addr == a.addr && ev.Port == a.port && ev.Verdict == egress.VerdictDeny &&
 				strings.Contains(ev.Reason, "is the host") && strings.HasPrefix(ev.Process, "p") && strings.Contains(ev.Process, "(python3 ")
 		})
+	}
+}
+
+// An exec's result lists the connections den refused its command: through
+// the explicit proxy (an absolute-URI request and a CONNECT) and a direct
+// connection the transparent proxy refused, each HTTP refusal's status line
+// naming the rule. Neither the command's allowed connection nor the
+// denials of a background process running at the same time are listed.
+func TestExecDeniedConnections(t *testing.T) {
+	e, _ := newNetEnv(t)
+	sb := e.create(t, api.CreateRequest{Network: &api.NetworkPolicy{Mode: api.NetAllow, Allow: []string{"allowed.test"}}})
+	ctx := context.Background()
+	// Another command of the sandbox, refused all along.
+	bg, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: ": >/tmp/bg; while :; do curl -s --max-time 2 http://bg.test/ >/dev/null; echo >>/tmp/bg; sleep 0.2; done"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.c.Kill(ctx, sb.ID, bg.ID, "KILL")
+	wantEvent(t, e, sb.ID, "the background process's denial", func(ev egress.Event) bool {
+		return ev.Name == "bg.test" && ev.Verdict == egress.VerdictDeny && strings.HasPrefix(ev.Process, bg.ID+" (")
+	})
+	// The command waits for two more of the background process's
+	// attempts: one of them ran while it did.
+	script := `
+n=$(wc -l </tmp/bg); while [ $(wc -l </tmp/bg) -lt $((n+2)) ]; do sleep 0.1; done
+curl -sS --max-time 5 -o /dev/null -D - http://other.test/
+curl -sv --max-time 5 https://other.test/ 2>&1 | grep '^< HTTP'
+curl -sS --max-time 5 -o /dev/null -D - --noproxy '*' http://10.1.2.3/
+curl -sS --max-time 5 http://allowed.test/; echo
+exit 3`
+	start := time.Now()
+	res, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Shell: script, Timeout: api.Duration(time.Minute)})
+	end := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(res.Stdout) + string(res.Stderr)
+	if res.ExitCode != 3 {
+		t.Fatalf("exit %d (want the command's 3): %s", res.ExitCode, out)
+	}
+	// The control: the allowed name answered.
+	if !strings.Contains(out, "hello from the test internet, host allowed.test") {
+		t.Fatalf("the allowed request did not get through: %s", out)
+	}
+	for _, line := range []string{
+		"HTTP/1.1 403 den egress: name not in allow list\r\n",   // absolute URI through HTTP_PROXY
+		"< HTTP/1.1 403 den egress: name not in allow list\r\n", // CONNECT, as curl -v shows it
+		"HTTP/1.1 403 den egress: address not public\r\n",       // the transparent proxy
+	} {
+		if !strings.Contains(out, line) {
+			t.Errorf("no status line %q in:\n%s", line, out)
+		}
+	}
+	want := []api.DeniedConn{
+		{Host: "other.test", Port: 80, Proto: "tcp", Rule: "name not in allow list", Reason: "name not in allow list", Count: 1},
+		{Host: "other.test", Port: 443, Proto: "tcp", Rule: "name not in allow list", Reason: "name not in allow list", Count: 1},
+		{Host: "10.1.2.3", Port: 80, Proto: "tcp", Rule: "address not public"},
+	}
+	if len(res.Denied) == len(want) {
+		want[2].Reason, want[2].Count = res.Denied[2].Reason, 1
+	}
+	if !reflect.DeepEqual(res.Denied, want) || !strings.Contains(want[2].Reason, "blocked address 10.1.2.3") {
+		t.Errorf("denied:\n got %+v\nwant %+v", res.Denied, want)
+	}
+	// The background process was refused while the command ran: those
+	// denials were there to be blamed, and were not.
+	n := 0
+	for _, ev := range netEvents(t, e, sb.ID) {
+		if ev.Name == "bg.test" && ev.Verdict == egress.VerdictDeny && ev.Time.After(start) && ev.Time.Before(end) {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Errorf("no denial of the background process while the command ran: the check above proves nothing")
+	}
+	// The streaming form carries the list in its exit status too.
+	var so, se strings.Builder
+	st, err := e.c.ExecStream(ctx, sb.ID, api.ExecRequest{Cmd: []string{"curl", "-s", "--max-time", "5", "http://other.test/"}}, &so, &se)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Denied) != 1 || st.Denied[0].Host != "other.test" || st.Denied[0].Rule != "name not in allow list" {
+		t.Errorf("streamed exec: denied %+v", st.Denied)
+	}
+	// And a command refused nothing has no list.
+	if r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"curl", "-s", "--max-time", "5", "http://allowed.test/"}}); err != nil || r.ExitCode != 0 || r.Denied != nil {
+		t.Errorf("allowed only: %v %+v", err, r)
 	}
 }
