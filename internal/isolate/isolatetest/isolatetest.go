@@ -12,7 +12,6 @@ package isolatetest
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/url"
@@ -101,30 +100,25 @@ func Exec(ctx context.Context, c *agent.Client, spec *agent.ExecSpec) (Result, e
 	}
 	defer rc.Close()
 	var out, errb bytes.Buffer
-	fr := api.NewFrameReader(rc)
-	for {
-		typ, p, err := fr.Next()
-		if err == io.EOF {
-			return res, fmt.Errorf("exec %q: stream ended without an exit status", spec.Argv)
-		}
-		if err != nil {
-			return res, fmt.Errorf("exec %q: %w", spec.Argv, err)
-		}
-		switch typ {
+	st, err := api.ReadExecStream(rc, func(f *api.ExecFrame) error {
+		switch f.Type {
 		case api.FrameStarted:
-			json.Unmarshal(p, &res.Proc)
+			res.Proc = f.Started
 		case api.FrameStdout:
-			out.Write(p)
+			out.Write(f.Payload)
 		case api.FrameStderr:
-			errb.Write(p)
-		case api.FrameExit:
-			json.Unmarshal(p, &res.Exit)
-			res.Stdout, res.Stderr = out.String(), errb.String()
-			return res, nil
-		case api.FrameError:
-			return res, fmt.Errorf("exec %q: %s", spec.Argv, p)
+			errb.Write(f.Payload)
 		}
+		return nil
+	})
+	if err == io.EOF {
+		return res, fmt.Errorf("exec %q: stream ended without an exit status", spec.Argv)
 	}
+	if err != nil {
+		return res, fmt.Errorf("exec %q: %w", spec.Argv, err)
+	}
+	res.Exit, res.Stdout, res.Stderr = *st, out.String(), errb.String()
+	return res, nil
 }
 
 func sh(t *testing.T, ctx context.Context, b isolate.Box, script string) Result {
