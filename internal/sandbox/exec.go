@@ -153,12 +153,12 @@ func (m *Manager) settleExecs(ctx context.Context, id string, ag *agent.Client) 
 	}
 	for proc, argv := range open {
 		var info api.ProcessInfo
-		if err := ag.JSON(ctx, "GET", "/procs/"+proc, nil, nil, &info); err != nil {
+		if err := ag.JSON(ctx, "GET", agent.ProcPath(proc, ""), nil, nil, &info); err != nil {
 			continue // forgotten by the agent: nothing more to learn
 		}
 		go func(proc string, argv []string) {
 			var st api.ExitStatus
-			if err := ag.JSON(context.Background(), "GET", "/procs/"+proc+"/wait", nil, nil, &st); err != nil {
+			if err := ag.JSON(context.Background(), "GET", agent.ProcPath(proc, agent.ProcWait), nil, nil, &st); err != nil {
 				return
 			}
 			d := execEnd(proc, argv, "", &st)
@@ -215,7 +215,7 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req api.ExecReque
 	}
 	spec, argv, user := m.execSpec(ctx, sb, &req)
 	var info api.ProcessInfo
-	if err := ag.JSON(ctx, "POST", "/procs", nil, spec, &info); err != nil {
+	if err := ag.JSON(ctx, "POST", agent.PathProcs, nil, spec, &info); err != nil {
 		return nil, err
 	}
 	m.event(sb.ID, "process.start", map[string]any{"process": info.ID, "cmd": argv, "user": user, "restart": req.Restart})
@@ -273,7 +273,7 @@ func (m *Manager) startServices(ctx context.Context, rec *record, ag *agent.Clie
 		s := &rec.Services[i]
 		spec, _, _ := m.execSpec(ctx, &sb, &s.Req)
 		var info api.ProcessInfo
-		if err := ag.JSON(ctx, "POST", "/procs", nil, spec, &info); err != nil {
+		if err := ag.JSON(ctx, "POST", agent.PathProcs, nil, spec, &info); err != nil {
 			m.log.Warn("start service", "sandbox", rec.ID, "name", s.Req.Name, "err", err)
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 )
 
 // tty bridges a client's WebSocket to the agent's terminal WebSocket of a
@@ -25,11 +26,11 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Check the process first, so a bad id is a JSON error, not a failed upgrade.
-	if err := ag.JSON(r.Context(), "GET", "/procs/"+proc, nil, nil, nil); err != nil {
+	if err := ag.JSON(r.Context(), "GET", agent.ProcPath(proc, ""), nil, nil, nil); err != nil {
 		writeError(w, err)
 		return
 	}
-	up, _, err := websocket.Dial(r.Context(), "ws://agent/procs/"+proc+"/tty", &websocket.DialOptions{HTTPClient: ag.HTTP()})
+	up, _, err := websocket.Dial(r.Context(), "ws://agent"+agent.ProcPath(proc, agent.ProcTTY), &websocket.DialOptions{HTTPClient: ag.HTTP()})
 	if err != nil {
 		writeError(w, api.Errorf(api.KindConflict, "attach to %s: %v", proc, err))
 		return
