@@ -34,6 +34,7 @@ const MaxCapture = 1 << 20
 type Server struct {
 	m       *sandbox.Manager
 	db      *store.DB
+	creds   *sandbox.Credentials
 	log     *slog.Logger
 	version string
 	cgroup  string
@@ -48,7 +49,7 @@ func (s *Server) SetInfo(i api.Info) { s.info = i }
 
 // New builds the API handler.
 func New(m *sandbox.Manager, db *store.DB, log *slog.Logger, version, cgroup string) *Server {
-	s := &Server{m: m, db: db, log: log, version: version, cgroup: cgroup, mux: http.NewServeMux()}
+	s := &Server{m: m, db: db, creds: sandbox.NewCredentials(db, log), log: log, version: version, cgroup: cgroup, mux: http.NewServeMux()}
 	s.routes()
 	return s
 }
