@@ -37,32 +37,23 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	}
 	defer up.CloseNow()
 	up.SetReadLimit(api.MaxTTYMessage + 1024)
-	c, err := websocket.Accept(w, r, nil)
-	if err != nil {
-		return
-	}
-	defer c.CloseNow()
-	c.SetReadLimit(api.MaxTTYMessage)
-	// The pipes outlive a cancelled request context only until
-	// closeWhenEnded has closed the connections with the reason.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	defer cancel()
-	defer closeWhenEnded(r, c, up)()
-	pipe := func(from, to *websocket.Conn) {
-		defer cancel()
-		for {
-			typ, msg, err := from.Read(ctx)
-			if err != nil {
-				if st := websocket.CloseStatus(err); st != -1 {
-					to.Close(st, "")
+	acceptBridge(w, r, func(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn) {
+		pipe := func(from, to *websocket.Conn) {
+			defer cancel()
+			for {
+				typ, msg, err := from.Read(ctx)
+				if err != nil {
+					if st := websocket.CloseStatus(err); st != -1 {
+						to.Close(st, "")
+					}
+					return
 				}
-				return
-			}
-			if err := to.Write(ctx, typ, msg); err != nil {
-				return
+				if err := to.Write(ctx, typ, msg); err != nil {
+					return
+				}
 			}
 		}
-	}
-	go pipe(c, up)
-	pipe(up, c)
+		go pipe(c, up)
+		pipe(up, c)
+	}, up)
 }
