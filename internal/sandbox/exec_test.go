@@ -57,6 +57,26 @@ func scriptedAgent(t *testing.T, script *[]byte) *agent.Client {
 	return ag
 }
 
+// bootlessManager is a manager with its data in dir whose runtime starts
+// nothing: a test puts the boxes it needs in place itself.
+func bootlessManager(tb testing.TB, dir string) *Manager {
+	db, err := store.Open(filepath.Join(dir, "den.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	imgs, err := image.NewStore(filepath.Join(dir, "images"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m, err := New(context.Background(), Config{DataDir: dir, Runtime: noRuntime{}, Store: db, Images: imgs, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(m.Close)
+	return m
+}
+
 // One stream decoder serves the manager (reading an agent's exec stream)
 // and the Go SDK (reading the daemon's): the same bytes through both give
 // the same output and exit status, the same error frame, and the same
@@ -65,22 +85,8 @@ func scriptedAgent(t *testing.T, script *[]byte) *agent.Client {
 // caller and the SDK skipped it, and they named a bad exit frame
 // differently.)
 func TestExecStreamBothReaders(t *testing.T) {
-	data := t.TempDir()
-	db, err := store.Open(filepath.Join(data, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	imgs, err := image.NewStore(filepath.Join(data, "images"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	m, err := New(ctx, Config{DataDir: data, Runtime: noRuntime{}, Store: db, Images: imgs, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
+	m := bootlessManager(t, t.TempDir())
 	var script []byte
 	id := strings.Repeat("ab", 32)
 	rec := &record{Sandbox: api.Sandbox{ID: id, Name: "scripted", Image: HostImage, State: api.StateRunning, CreatedAt: time.Now().UTC()}}
