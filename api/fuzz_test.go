@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"math"
 	"strconv"
@@ -108,6 +109,82 @@ func FuzzFrameReader(f *testing.F) {
 		}
 		if !bytes.HasPrefix(data, again.Bytes()) {
 			t.Fatalf("re-encoded frames %x are not the prefix of the input %x", again.Bytes(), data)
+		}
+	})
+}
+
+// FuzzReadExecStream reads arbitrary bytes as an exec output stream with
+// the one decoder the daemon and the Go SDK share. It checks that only
+// started, stdout, stderr and dropped frames are handed on, with their JSON
+// decoded from the payload; that the frames handed on re-encode to the
+// start of the input, all of it at a clean end; and that the outcome is one
+// of an exit status, an error frame's *Error with a kind, io.EOF, or an
+// error saying how the stream broke.
+func FuzzReadExecStream(f *testing.F) {
+	var good bytes.Buffer
+	WriteJSONFrame(&good, FrameStarted, Process{ID: "p1", Pid: 7})
+	WriteFrame(&good, FrameStdout, []byte("hello\n"))
+	WriteJSONFrame(&good, FrameDropped, DroppedOutput{Bytes: 10})
+	WriteFrame(&good, FrameStderr, []byte("oops"))
+	WriteJSONFrame(&good, FrameExit, ExitStatus{ExitCode: 3, Reason: ReasonExited})
+	f.Add(good.Bytes())
+	var failed bytes.Buffer
+	WriteFrame(&failed, FrameStdout, []byte("x"))
+	WriteJSONFrame(&failed, FrameError, Errorf(KindConflict, "stopped"))
+	f.Add(failed.Bytes())
+	f.Add([]byte{FrameStarted, 0, 0, 0, 1, '{'})                 // bad started JSON
+	f.Add([]byte{FrameExit, 0, 0, 0, 2, '{', '}'})               // exit, no fields
+	f.Add([]byte{FrameError, 0, 0, 0, 2, '{', '}'})              // error without a kind
+	f.Add([]byte{FrameStdout, 0, 0, 0, 1, 'a'})                  // clean end, no exit
+	f.Add([]byte{FrameDropped, 0, 0, 0, 4, 'n', 'u', 'l', 'l'})  // null dropped count
+	f.Add([]byte{FrameStdout, 0, 0, 0, 5, 'a', FrameExit, 0, 0}) // truncated
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var again bytes.Buffer
+		st, err := ReadExecStream(bytes.NewReader(data), func(fr *ExecFrame) error {
+			switch fr.Type {
+			case FrameStarted:
+				var p Process
+				if json.Unmarshal(fr.Payload, &p) != nil || p != fr.Started {
+					t.Fatalf("started frame %q handed on as %+v", fr.Payload, fr.Started)
+				}
+			case FrameDropped:
+				var d DroppedOutput
+				if json.Unmarshal(fr.Payload, &d) != nil || d != fr.Dropped {
+					t.Fatalf("dropped frame %q handed on as %+v", fr.Payload, fr.Dropped)
+				}
+			case FrameStdout, FrameStderr:
+			default:
+				t.Fatalf("frame type %d handed on", fr.Type)
+			}
+			return WriteFrame(&again, fr.Type, fr.Payload)
+		})
+		if !bytes.HasPrefix(data, again.Bytes()) {
+			t.Fatalf("frames handed on %x are not the start of the input %x", again.Bytes(), data)
+		}
+		var ae *Error
+		switch {
+		case err == nil:
+			if st == nil {
+				t.Fatal("no status and no error")
+			}
+			if rest := data[again.Len():]; len(rest) < 5 || rest[0] != FrameExit {
+				t.Fatalf("status %+v without an exit frame next in %x", st, rest)
+			}
+		case st != nil:
+			t.Fatalf("status %+v with error %v", st, err)
+		case err == io.EOF:
+			if again.Len() != len(data) {
+				t.Fatalf("clean end after %d of %d bytes", again.Len(), len(data))
+			}
+		case errors.As(err, &ae):
+			if ae.Kind == "" {
+				t.Fatalf("error frame's error %+v has no kind", ae)
+			}
+			if rest := data[again.Len():]; len(rest) < 5 || rest[0] != FrameError {
+				t.Fatalf("error %v without an error frame next in %x", err, rest)
+			}
+		case err.Error() == "":
+			t.Fatal("an error without a message")
 		}
 	})
 }

@@ -105,3 +105,72 @@ func (f *FrameReader) Next() (typ byte, payload []byte, err error) {
 	}
 	return hdr[0], f.buf, nil
 }
+
+// ExecFrame is one frame of an exec or log output stream before its last,
+// as ReadExecStream hands it on.
+type ExecFrame struct {
+	// Type is FrameStarted, FrameStdout, FrameStderr or FrameDropped.
+	Type byte
+	// Payload is the frame's payload as it came: output bytes, or the JSON
+	// the fields below were decoded from. It is valid until the callback
+	// returns.
+	Payload []byte
+	// Started is the process a FrameStarted frame names.
+	Started Process
+	// Dropped is how much output a FrameDropped frame says was dropped.
+	Dropped DroppedOutput
+}
+
+// ReadExecStream reads a framed exec or log output stream (StreamContentType)
+// to its last frame. It is the one decoder of that stream: the daemon reads
+// an agent's with it and the Go SDK reads the daemon's. Each frame before the
+// last goes to each as it is read, its JSON payload (started, dropped)
+// decoded; the exit frame's status is returned.
+//
+// It fails with an error frame's *Error (an internal one when the frame
+// names no kind); with io.EOF when the stream ends cleanly before a last
+// frame (a log read without follow); with each's error, unchanged; and
+// otherwise with an error, its message starting "output stream", saying how
+// the stream broke: cut off, an over-long or unknown frame, or a frame whose
+// JSON does not decode.
+func ReadExecStream(r io.Reader, each func(*ExecFrame) error) (*ExitStatus, error) {
+	fr := NewFrameReader(r)
+	for {
+		typ, p, err := fr.Next()
+		if err == io.EOF {
+			return nil, io.EOF
+		}
+		if err != nil {
+			return nil, fmt.Errorf("output stream ended without an exit status: %w", err)
+		}
+		f := ExecFrame{Type: typ, Payload: p}
+		switch typ {
+		case FrameExit:
+			var st ExitStatus
+			if err := json.Unmarshal(p, &st); err != nil {
+				return nil, fmt.Errorf("output stream: bad exit frame: %w", err)
+			}
+			return &st, nil
+		case FrameError:
+			var e Error
+			if err := json.Unmarshal(p, &e); err != nil {
+				return nil, fmt.Errorf("output stream: bad error frame: %w", err)
+			}
+			if e.Kind == "" {
+				e.Kind = KindInternal
+			}
+			return nil, &e
+		case FrameStarted:
+			if err := json.Unmarshal(p, &f.Started); err != nil {
+				return nil, fmt.Errorf("output stream: bad started frame: %w", err)
+			}
+		case FrameDropped:
+			if err := json.Unmarshal(p, &f.Dropped); err != nil {
+				return nil, fmt.Errorf("output stream: bad dropped-output frame: %w", err)
+			}
+		}
+		if err := each(&f); err != nil {
+			return nil, err
+		}
+	}
+}

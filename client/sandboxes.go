@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -221,57 +222,41 @@ func (c *Client) ExecStream(ctx context.Context, id string, req api.ExecRequest,
 // without an exit frame it returns nil, nil; what names the stream in errors.
 func copyFrames(ctx context.Context, body io.Reader, stdout, stderr io.Writer, what string) (*api.ExitStatus, error) {
 	errw := &lastByteWriter{w: stderr, last: '\n'}
-	fr := api.NewFrameReader(body)
-	for {
-		typ, payload, err := fr.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if err == io.EOF {
-				return nil, nil
-			}
-			return nil, fmt.Errorf("%s output stream ended without an exit status: %w", what, err)
-		}
-		switch typ {
+	var werr error // a failed write to stdout or stderr
+	st, err := api.ReadExecStream(body, func(f *api.ExecFrame) error {
+		switch f.Type {
 		case api.FrameStdout:
-			if _, err := stdout.Write(payload); err != nil {
-				return nil, fmt.Errorf("write stdout: %w", err)
+			if _, err := stdout.Write(f.Payload); err != nil {
+				werr = fmt.Errorf("write stdout: %w", err)
 			}
 		case api.FrameStderr:
-			if _, err := errw.Write(payload); err != nil {
-				return nil, fmt.Errorf("write stderr: %w", err)
+			if _, err := errw.Write(f.Payload); err != nil {
+				werr = fmt.Errorf("write stderr: %w", err)
 			}
-		case api.FrameExit:
-			var st api.ExitStatus
-			if err := json.Unmarshal(payload, &st); err != nil {
-				return nil, fmt.Errorf("bad exit frame: %w", err)
-			}
-			return &st, nil
-		case api.FrameError:
-			var e api.Error
-			if err := json.Unmarshal(payload, &e); err != nil {
-				return nil, fmt.Errorf("bad error frame: %w", err)
-			}
-			if e.Kind == "" {
-				e.Kind = api.KindInternal
-			}
-			return nil, &e
 		case api.FrameDropped:
-			var d api.DroppedOutput
-			if err := json.Unmarshal(payload, &d); err != nil {
-				return nil, fmt.Errorf("bad dropped-output frame: %w", err)
-			}
 			if errw.last != '\n' {
 				errw.Write([]byte{'\n'})
 			}
-			if _, err := fmt.Fprintf(errw, DroppedMarker, d.Bytes); err != nil {
-				return nil, fmt.Errorf("write stderr: %w", err)
+			if _, err := fmt.Fprintf(errw, DroppedMarker, f.Dropped.Bytes); err != nil {
+				werr = fmt.Errorf("write stderr: %w", err)
 			}
-		case api.FrameStarted:
-			// Nothing to do: the process id is informational.
 		}
+		return werr
+	})
+	var ae *api.Error
+	switch {
+	case err == nil:
+		return st, nil
+	case werr != nil:
+		return nil, werr
+	case errors.As(err, &ae):
+		return nil, ae
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case err == io.EOF:
+		return nil, nil
 	}
+	return nil, fmt.Errorf("%s %w", what, err)
 }
 
 // lastByteWriter remembers the last byte written, so a marker line can be

@@ -86,40 +86,51 @@ func (a *Agent) Serve(ln net.Listener) error {
 // Handler is the agent's HTTP API.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	a.routes(mux)
+	return mux
+}
+
+// router is what the agent's routes are added to: its http.ServeMux, or a
+// test's recorder of them.
+type router interface {
+	HandleFunc(pattern string, handler func(http.ResponseWriter, *http.Request))
+}
+
+// routes adds the agent's routes, each named by protocol.go's paths.
+func (a *Agent) routes(mux router) {
+	mux.HandleFunc("GET "+PathHealth, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, map[string]any{"ok": true, "pid": os.Getpid()})
 	})
-	mux.HandleFunc("POST /exec", a.handleExec)
-	mux.HandleFunc("GET /files", a.handleRead)
-	mux.HandleFunc("PUT /files", a.handleWrite)
-	mux.HandleFunc("DELETE /files", a.handleRemove)
-	mux.HandleFunc("GET /files/list", a.handleList)
-	mux.HandleFunc("GET /files/stat", a.handleStat)
-	mux.HandleFunc("POST /files/mkdir", a.handleMkdir)
-	mux.HandleFunc("POST /files/rename", a.handleRename)
+	mux.HandleFunc("POST "+PathExec, a.handleExec)
+	mux.HandleFunc("GET "+PathFiles, a.handleRead)
+	mux.HandleFunc("PUT "+PathFiles, a.handleWrite)
+	mux.HandleFunc("DELETE "+PathFiles, a.handleRemove)
+	mux.HandleFunc("GET "+PathList, a.handleList)
+	mux.HandleFunc("GET "+PathStat, a.handleStat)
+	mux.HandleFunc("POST "+PathMkdir, a.handleMkdir)
+	mux.HandleFunc("POST "+PathRename, a.handleRename)
 	a.searchRoutes(mux)
-	mux.HandleFunc("GET /archive", a.handleDownload)
-	mux.HandleFunc("PUT /archive", a.handleUpload)
-	mux.HandleFunc("POST /hostname", a.handleHostname)
-	mux.HandleFunc("POST /limits", a.handleLimits)
-	mux.HandleFunc("GET /sessions", a.handleSessions)
-	mux.HandleFunc("DELETE /sessions/{name}", a.handleCloseSession)
-	mux.HandleFunc("POST /procs", a.handleStart)
-	mux.HandleFunc("GET /procs", a.handleProcs)
-	mux.HandleFunc("GET /procs/{id}", a.handleProc)
-	mux.HandleFunc("GET /procs/{id}/output", a.handleOutput)
-	mux.HandleFunc("POST /procs/{id}/signal", a.handleSignal)
-	mux.HandleFunc("POST /procs/{id}/stdin", a.handleStdin)
-	mux.HandleFunc("GET /procs/{id}/wait", a.handleWait)
-	mux.HandleFunc("GET /procs/{id}/tty", a.handleTTY)
-	mux.HandleFunc("GET /dial", a.handleDial)
-	mux.HandleFunc("POST /sync", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+PathArchive, a.handleDownload)
+	mux.HandleFunc("PUT "+PathArchive, a.handleUpload)
+	mux.HandleFunc("POST "+PathHostname, a.handleHostname)
+	mux.HandleFunc("POST "+PathLimits, a.handleLimits)
+	mux.HandleFunc("GET "+PathSessions, a.handleSessions)
+	mux.HandleFunc("DELETE "+SessionPath("{name}"), a.handleCloseSession)
+	mux.HandleFunc("POST "+PathProcs, a.handleStart)
+	mux.HandleFunc("GET "+PathProcs, a.handleProcs)
+	mux.HandleFunc("GET "+ProcPath("{id}", ""), a.handleProc)
+	mux.HandleFunc("GET "+ProcPath("{id}", ProcOutput), a.handleOutput)
+	mux.HandleFunc("POST "+ProcPath("{id}", ProcSignal), a.handleSignal)
+	mux.HandleFunc("POST "+ProcPath("{id}", ProcStdin), a.handleStdin)
+	mux.HandleFunc("GET "+ProcPath("{id}", ProcWait), a.handleWait)
+	mux.HandleFunc("GET "+ProcPath("{id}", ProcTTY), a.handleTTY)
+	mux.HandleFunc("GET "+PathDial, a.handleDial)
+	mux.HandleFunc("POST "+PathSync, func(w http.ResponseWriter, r *http.Request) {
 		// Writes cached by the sandbox's own kernel (gVisor's sentry, a
 		// microVM's guest) reach the files the daemon snapshots.
 		syscall.Sync()
 		writeJSON(w, 200, struct{}{})
 	})
-	return mux
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -83,7 +83,7 @@ func (b goneBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Do sends a request to the agent. path is the agent's path ("/files/list")
+// Do sends a request to the agent. path is one of the agent's paths (protocol.go)
 // and query its parameters. A non-2xx answer is returned as *api.Error.
 func (c *Client) Do(ctx context.Context, method, path string, query url.Values, body io.Reader, hdr http.Header) (*http.Response, error) {
 	u := "http://agent" + path
@@ -153,7 +153,7 @@ func (c *Client) Exec(ctx context.Context, spec *ExecSpec) (io.ReadCloser, error
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Do(ctx, "POST", "/exec", nil, bytes.NewReader(b), nil)
+	resp, err := c.Do(ctx, "POST", PathExec, nil, bytes.NewReader(b), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -162,5 +162,5 @@ func (c *Client) Exec(ctx context.Context, spec *ExecSpec) (io.ReadCloser, error
 
 // Ping checks that the agent answers.
 func (c *Client) Ping(ctx context.Context) error {
-	return c.JSON(ctx, "GET", "/healthz", nil, nil, nil)
+	return c.JSON(ctx, "GET", PathHealth, nil, nil, nil)
 }

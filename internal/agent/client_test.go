@@ -40,12 +40,12 @@ func TestGoneAgentIsAConflict(t *testing.T) {
 	ctx := context.Background()
 	c := NewClient(resetDial(t))
 	// The control: the same failure before the mark is internal.
-	err := c.JSON(ctx, "POST", "/files/rename", nil, map[string]string{"from": "a", "to": "b"}, nil)
+	err := c.JSON(ctx, "POST", PathRename, nil, map[string]string{"from": "a", "to": "b"}, nil)
 	if err == nil || api.KindOf(err) != api.KindInternal {
 		t.Fatalf("reset before Gone: %v (kind %s), want an internal error", err, api.KindOf(err))
 	}
 	c.Gone(api.Errorf(api.KindConflict, "sandbox 0123456789ab stopped while the request ran"))
-	err = c.JSON(ctx, "POST", "/files/rename", nil, map[string]string{"from": "a", "to": "b"}, nil)
+	err = c.JSON(ctx, "POST", PathRename, nil, map[string]string{"from": "a", "to": "b"}, nil)
 	if !errors.Is(err, api.ErrConflict) || err.Error() != "sandbox 0123456789ab stopped while the request ran" {
 		t.Errorf("reset after Gone: %v (kind %s), want the conflict", err, api.KindOf(err))
 	}

@@ -84,7 +84,7 @@ func splice(a, b net.Conn) {
 // DialPort connects to a TCP port on the sandbox's loopback through the
 // agent.
 func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent/dial?"+url.Values{"port": {strconv.Itoa(port)}}.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent"+PathDial+"?"+url.Values{"port": {strconv.Itoa(port)}}.Encode(), nil)
 	if err != nil {
 		return nil, err
 	}

@@ -29,9 +29,9 @@ import (
 var grepMaxBytes int64 = api.GrepMaxBytes
 
 // searchRoutes adds the search routes to the agent's mux.
-func (a *Agent) searchRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /files/glob", a.handleGlob)
-	mux.HandleFunc("GET /files/grep", a.handleGrep)
+func (a *Agent) searchRoutes(mux router) {
+	mux.HandleFunc("GET "+PathGlob, a.handleGlob)
+	mux.HandleFunc("GET "+PathGrep, a.handleGrep)
 }
 
 // skipUnderRoot are pseudo file systems a walk from above them leaves out.

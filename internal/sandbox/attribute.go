@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
 )
 
@@ -127,7 +128,7 @@ func (m *Manager) fetchProcs(id string, b isolate.Box, wait time.Duration) []api
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	var procs []api.ProcessInfo
-	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err != nil {
+	if err := b.Agent().JSON(ctx, "GET", agent.PathProcs, nil, nil, &procs); err != nil {
 		m.mu.Lock()
 		delete(m.procCache, id)
 		m.mu.Unlock()

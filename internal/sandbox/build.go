@@ -402,7 +402,7 @@ func (m *Manager) copyStep(ctx context.Context, id, contextDir string, cur *api.
 	go func() {
 		pw.CloseWithError(writeBuildTar(pw, contextDir, srcs, dest, toDir, uid, gid, chmod))
 	}()
-	resp, err := ag.Do(ctx, "PUT", "/archive", map[string][]string{"path": {"/"}}, pr, nil)
+	resp, err := ag.Do(ctx, "PUT", agent.PathArchive, map[string][]string{"path": {"/"}}, pr, nil)
 	if err != nil {
 		pr.CloseWithError(err)
 		return fmt.Errorf("Dockerfile line %d: %w", ins.Line, err)
@@ -602,7 +602,7 @@ func (m *Manager) addArchive(ctx context.Context, ag *agent.Client, file, dir st
 		defer zr.Close()
 		r = zr
 	}
-	resp, err := ag.Do(ctx, "PUT", "/archive", map[string][]string{"path": {dir}}, r, nil)
+	resp, err := ag.Do(ctx, "PUT", agent.PathArchive, map[string][]string{"path": {dir}}, r, nil)
 	if err != nil {
 		return err
 	}

@@ -93,52 +93,36 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 		return nil, err
 	}
 	defer rc.Close()
-	fr := api.NewFrameReader(rc)
 	proc := ""
-	for {
-		typ, p, err := fr.Next()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("sandbox %s: exec stream: %w", sb.ID[:12], err)
+	var outErr error
+	st, err := api.ReadExecStream(rc, func(f *api.ExecFrame) error {
+		if f.Type == api.FrameStarted && f.Started.ID != "" {
+			proc = f.Started.ID
+			// Recorded first, so an exec cut off by a daemon crash is
+			// still accounted for when the next daemon starts.
+			m.event(sb.ID, "exec.start", map[string]any{"process": proc, "cmd": argv, "user": user})
 		}
-		switch typ {
-		case api.FrameExit:
-			var st api.ExitStatus
-			if err := json.Unmarshal(p, &st); err != nil {
-				return nil, fmt.Errorf("sandbox %s: bad exit status: %w", sb.ID[:12], err)
-			}
-			if st.Signal == "SIGKILL" && st.Reason != api.ReasonTimeout && b.OOMKills() > oomBefore {
-				st.Reason, st.ExitCode = api.ReasonOOM, 137
-			}
-			st.Denied = m.endDenials(w, proc, time.Now())
-			m.event(sb.ID, "exec.end", execEnd(proc, argv, user, &st))
-			return &st, nil
-		case api.FrameError:
-			var ae api.Error
-			if json.Unmarshal(p, &ae) != nil || ae.Kind == "" {
-				ae = api.Error{Kind: api.KindInternal, Message: string(p)}
-			}
-			return nil, &ae
-		default:
-			if typ == api.FrameStarted {
-				var sp api.Process
-				if json.Unmarshal(p, &sp) == nil && sp.ID != "" {
-					proc = sp.ID
-					// Recorded first, so an exec cut off by a daemon crash
-					// is still accounted for when the next daemon starts.
-					m.event(sb.ID, "exec.start", map[string]any{"process": proc, "cmd": argv, "user": user})
-				}
-			}
-			if err := out(typ, p); err != nil {
-				return nil, err
-			}
+		outErr = out(f.Type, f.Payload)
+		return outErr
+	})
+	if err != nil {
+		var ae *api.Error
+		switch {
+		case outErr != nil || errors.As(err, &ae):
+			return nil, err // out's, or an error frame's
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case err == io.EOF:
+			err = fmt.Errorf("output stream ended without an exit status: %w", io.ErrUnexpectedEOF)
 		}
+		return nil, fmt.Errorf("sandbox %s: exec %w", sb.ID[:12], err)
 	}
+	if st.Signal == "SIGKILL" && st.Reason != api.ReasonTimeout && b.OOMKills() > oomBefore {
+		st.Reason, st.ExitCode = api.ReasonOOM, 137
+	}
+	st.Denied = m.endDenials(w, proc, time.Now())
+	m.event(sb.ID, "exec.end", execEnd(proc, argv, user, st))
+	return st, nil
 }
 
 func execEnd(proc string, argv []string, user string, st *api.ExitStatus) map[string]any {
@@ -173,12 +157,12 @@ func (m *Manager) settleExecs(ctx context.Context, id string, ag *agent.Client) 
 	}
 	for proc, argv := range open {
 		var info api.ProcessInfo
-		if err := ag.JSON(ctx, "GET", "/procs/"+proc, nil, nil, &info); err != nil {
+		if err := ag.JSON(ctx, "GET", agent.ProcPath(proc, ""), nil, nil, &info); err != nil {
 			continue // forgotten by the agent: nothing more to learn
 		}
 		go func(proc string, argv []string) {
 			var st api.ExitStatus
-			if err := ag.JSON(context.Background(), "GET", "/procs/"+proc+"/wait", nil, nil, &st); err != nil {
+			if err := ag.JSON(context.Background(), "GET", agent.ProcPath(proc, agent.ProcWait), nil, nil, &st); err != nil {
 				return
 			}
 			d := execEnd(proc, argv, "", &st)
@@ -235,7 +219,7 @@ func (m *Manager) StartProcess(ctx context.Context, id string, req api.ExecReque
 	}
 	spec, argv, user := m.execSpec(ctx, sb, &req)
 	var info api.ProcessInfo
-	if err := ag.JSON(ctx, "POST", "/procs", nil, spec, &info); err != nil {
+	if err := ag.JSON(ctx, "POST", agent.PathProcs, nil, spec, &info); err != nil {
 		return nil, err
 	}
 	m.event(sb.ID, "process.start", map[string]any{"process": info.ID, "cmd": argv, "user": user, "restart": req.Restart})
@@ -293,7 +277,7 @@ func (m *Manager) startServices(ctx context.Context, rec *record, ag *agent.Clie
 		s := &rec.Services[i]
 		spec, _, _ := m.execSpec(ctx, &sb, &s.Req)
 		var info api.ProcessInfo
-		if err := ag.JSON(ctx, "POST", "/procs", nil, spec, &info); err != nil {
+		if err := ag.JSON(ctx, "POST", agent.PathProcs, nil, spec, &info); err != nil {
 			m.log.Warn("start service", "sandbox", rec.ID, "name", s.Req.Name, "err", err)
 			continue
 		}

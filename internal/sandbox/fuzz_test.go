@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -18,7 +16,6 @@ import (
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/storage"
-	"github.com/den-dev/den/internal/store"
 )
 
 // FuzzNetworkPolicy decodes arbitrary network policies as a create or
@@ -122,20 +119,7 @@ func snapshotArchive(t testing.TB, files map[string]string, name string, lie boo
 // and that a loaded snapshot is recorded without saved memory.
 func FuzzLoadSnapshot(f *testing.F) {
 	jail := fuzztest.NewJail(f, "data", true)
-	db, err := store.Open(filepath.Join(jail.Dest, "den.db"))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { db.Close() })
-	imgs, err := image.NewStore(filepath.Join(jail.Dest, "images"))
-	if err != nil {
-		f.Fatal(err)
-	}
-	m, err := New(context.Background(), Config{DataDir: jail.Dest, Runtime: noRuntime{}, Store: db, Images: imgs, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(m.Close)
+	m := bootlessManager(f, jail.Dest)
 	f.Add(snapshotArchive(f, map[string]string{"a": "x", "d/b": "y"}, "s1", false))
 	f.Add(snapshotArchive(f, map[string]string{"a": "x"}, "", true))
 	f.Add(snapshotArchive(f, map[string]string{"a": "x"}, "../../bad", false))

@@ -1172,7 +1172,7 @@ func (m *Manager) claim(ctx context.Context, req *api.CreateRequest) (*api.Sandb
 			}
 		}
 		if rec.Hostname != pooledHost {
-			if err := b.Agent().JSON(ctx, "POST", "/hostname", nil, map[string]string{"hostname": rec.Hostname}, nil); err != nil {
+			if err := b.Agent().JSON(ctx, "POST", agent.PathHostname, nil, map[string]string{"hostname": rec.Hostname}, nil); err != nil {
 				return err
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/storage"
 )
@@ -67,7 +68,7 @@ func (m *Manager) withCheckpoint(ctx context.Context, rec *record, dir string, f
 		}
 	}
 	// Writes the sandbox's kernel caches reach the files copied.
-	if err := b.Agent().JSON(ctx, "POST", "/sync", nil, nil, nil); err != nil {
+	if err := b.Agent().JSON(ctx, "POST", agent.PathSync, nil, nil, nil); err != nil {
 		repause()
 		return fmt.Errorf("sync the sandbox's files before the checkpoint: %w", err)
 	}

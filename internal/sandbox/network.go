@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/isolate"
 )
@@ -156,7 +157,7 @@ func (m *Manager) netReady(ctx context.Context, id string, p api.NetworkPolicy, 
 		}
 	}
 	conf := "nameserver " + m.cfg.Egress.Gateway.String() + "\noptions timeout:2 attempts:2\n"
-	resp, err := b.Agent().Do(ctx, "PUT", "/files", map[string][]string{"path": {"/etc/resolv.conf"}, "mode": {"0644"}}, bytes.NewReader([]byte(conf)), nil)
+	resp, err := b.Agent().Do(ctx, "PUT", agent.PathFiles, map[string][]string{"path": {"/etc/resolv.conf"}, "mode": {"0644"}}, bytes.NewReader([]byte(conf)), nil)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/store"
 )
@@ -206,7 +207,7 @@ func (m *Manager) installCA(ctx context.Context, id string, b isolate.Box) error
 	pemCert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Certificate[0]})
 	ag := b.Agent()
 	put := func(path string, body []byte) error {
-		resp, err := ag.Do(ctx, "PUT", "/files", map[string][]string{"path": {path}, "mode": {"0644"}}, bytes.NewReader(body), nil)
+		resp, err := ag.Do(ctx, "PUT", agent.PathFiles, map[string][]string{"path": {path}, "mode": {"0644"}}, bytes.NewReader(body), nil)
 		if err != nil {
 			return err
 		}
@@ -217,7 +218,7 @@ func (m *Manager) installCA(ctx context.Context, id string, b isolate.Box) error
 		return err
 	}
 	bundle := []byte{}
-	if resp, err := ag.Do(ctx, "GET", "/files", map[string][]string{"path": {systemBundle}}, nil, nil); err == nil {
+	if resp, err := ag.Do(ctx, "GET", agent.PathFiles, map[string][]string{"path": {systemBundle}}, nil, nil); err == nil {
 		bundle, _ = io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 		resp.Body.Close()
 	}

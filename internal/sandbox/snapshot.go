@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/storage"
@@ -206,7 +207,7 @@ func (m *Manager) frozen(ctx context.Context, rec *record, fn func() error) (boo
 	// gVisor and a microVM's kernel keep written data in their own page
 	// cache: have it written out to the files den copies first.
 	if rec.Runtime != "linux" {
-		if err := m.box(rec.ID).Agent().JSON(ctx, "POST", "/sync", nil, nil, nil); err != nil {
+		if err := m.box(rec.ID).Agent().JSON(ctx, "POST", agent.PathSync, nil, nil, nil); err != nil {
 			return false, fmt.Errorf("sync the sandbox's files before the capture: %w", err)
 		}
 	}

@@ -40,8 +40,8 @@ func (s *Server) principalForBearer(ctx context.Context, header string, admin []
 	if len(admin) > 0 && subtle.ConstantTimeCompare([]byte(tok), admin) == 1 {
 		return AdminPrincipal, nil
 	}
-	if strings.HasPrefix(tok, tokenPrefix) {
-		if doc, err := s.tokenForSecret(ctx, tok); err == nil {
+	if strings.HasPrefix(tok, sandbox.TokenPrefix) {
+		if doc, err := s.creds.TokenForSecret(ctx, tok); err == nil {
 			return &Principal{TokenID: doc.ID, Name: doc.Name}, nil
 		}
 	}
@@ -61,7 +61,7 @@ func (s *Server) scopeFor(ctx context.Context, p *Principal) (*sandbox.Scope, er
 	case p.Admin:
 		sc = &sandbox.Scope{All: true}
 	case p.TokenID != "":
-		doc, err := s.token(ctx, p.TokenID)
+		doc, err := s.creds.Token(ctx, p.TokenID)
 		if err != nil {
 			return nil, api.Errorf(api.KindUnauthorized, "token %s is revoked or unknown", p.TokenID)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/gitws"
 	"github.com/den-dev/den/internal/sandbox"
 )
@@ -217,7 +218,7 @@ func (s *Server) populate(ctx context.Context, st *gitws.Store, repo *gitws.Repo
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(repo.WriteCheckout(ctx, pw, uid, gid)) }()
-	resp, err := ag.Do(ctx, "PUT", "/archive", url.Values{"path": {"/"}}, pr, nil)
+	resp, err := ag.Do(ctx, "PUT", agent.PathArchive, url.Values{"path": {"/"}}, pr, nil)
 	pr.CloseWithError(io.ErrClosedPipe)
 	if err != nil {
 		return err
@@ -264,7 +265,7 @@ func (in inside) Archive(ctx context.Context) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := ag.Do(ctx, "GET", "/archive", url.Values{"path": {gitws.WorkDir}}, nil, nil)
+	resp, err := ag.Do(ctx, "GET", agent.PathArchive, url.Values{"path": {gitws.WorkDir}}, nil, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -233,39 +233,30 @@ func (s *Server) tcp(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
-	c, err := websocket.Accept(w, r, nil)
-	if err != nil {
-		return
-	}
-	defer c.CloseNow()
-	c.SetReadLimit(api.MaxTTYMessage)
-	// The pipes outlive a cancelled request context only until
-	// closeWhenEnded has closed the connections with the reason.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	defer cancel()
-	defer closeWhenEnded(r, c)()
-	go func() {
-		defer cancel()
+	acceptBridge(w, r, func(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn) {
+		go func() {
+			defer cancel()
+			for {
+				_, msg, err := c.Read(ctx)
+				if err != nil {
+					conn.Close()
+					return
+				}
+				if _, err := conn.Write(msg); err != nil {
+					return
+				}
+			}
+		}()
+		buf := make([]byte, 32<<10)
 		for {
-			_, msg, err := c.Read(ctx)
+			n, err := conn.Read(buf)
+			if n > 0 && c.Write(ctx, websocket.MessageBinary, buf[:n]) != nil {
+				return
+			}
 			if err != nil {
-				conn.Close()
-				return
-			}
-			if _, err := conn.Write(msg); err != nil {
+				c.Close(websocket.StatusNormalClosure, "closed")
 				return
 			}
 		}
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := conn.Read(buf)
-		if n > 0 && c.Write(ctx, websocket.MessageBinary, buf[:n]) != nil {
-			return
-		}
-		if err != nil {
-			c.Close(websocket.StatusNormalClosure, "closed")
-			return
-		}
-	}
+	})
 }

@@ -96,3 +96,23 @@ func closeWhenEnded(r *http.Request, conns ...*websocket.Conn) (stop func() bool
 		}
 	})
 }
+
+// acceptBridge accepts the request's WebSocket for a bridge to another
+// connection (the agent's terminal, a TCP port) and runs bridge on it,
+// with messages bounded by api.MaxTTYMessage. The bridge's ctx outlives a
+// cancelled request context only until closeWhenEnded has closed the
+// WebSocket, and also (the bridge's other end when it is one), with the
+// reason; bridge calls cancel to end it early. The WebSocket is closed
+// when bridge returns.
+func acceptBridge(w http.ResponseWriter, r *http.Request, bridge func(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn), also ...*websocket.Conn) {
+	c, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(api.MaxTTYMessage)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer cancel()
+	defer closeWhenEnded(r, append([]*websocket.Conn{c}, also...)...)()
+	bridge(ctx, cancel, c)
+}

@@ -34,6 +34,7 @@ const MaxCapture = 1 << 20
 type Server struct {
 	m       *sandbox.Manager
 	db      *store.DB
+	creds   *sandbox.Credentials
 	log     *slog.Logger
 	version string
 	cgroup  string
@@ -48,7 +49,7 @@ func (s *Server) SetInfo(i api.Info) { s.info = i }
 
 // New builds the API handler.
 func New(m *sandbox.Manager, db *store.DB, log *slog.Logger, version, cgroup string) *Server {
-	s := &Server{m: m, db: db, log: log, version: version, cgroup: cgroup, mux: http.NewServeMux()}
+	s := &Server{m: m, db: db, creds: sandbox.NewCredentials(db, log), log: log, version: version, cgroup: cgroup, mux: http.NewServeMux()}
 	s.routes()
 	return s
 }
@@ -112,24 +113,24 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/escalate", withBody(200, s.m.Escalate))
 	h("DELETE /v1/sandboxes/{id}", s.remove)
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
-	h("GET /v1/sandboxes/{id}/files", s.proxy("GET", "/files", true))
-	h("PUT /v1/sandboxes/{id}/files", s.proxy("PUT", "/files", true))
-	h("DELETE /v1/sandboxes/{id}/files", s.proxy("DELETE", "/files", true))
-	h("GET /v1/sandboxes/{id}/files/list", s.proxy("GET", "/files/list", true))
-	h("GET /v1/sandboxes/{id}/files/stat", s.proxy("GET", "/files/stat", true))
-	h("GET /v1/sandboxes/{id}/files/glob", s.proxy("GET", "/files/glob", false))
-	h("GET /v1/sandboxes/{id}/files/grep", s.proxy("GET", "/files/grep", false))
-	h("POST /v1/sandboxes/{id}/files/mkdir", s.proxyJSON("/files/mkdir", func() any { return new(api.MkdirRequest) }))
-	h("POST /v1/sandboxes/{id}/files/rename", s.proxyJSON("/files/rename", func() any { return new(api.RenameRequest) }))
-	h("GET /v1/sandboxes/{id}/archive", s.proxy("GET", "/archive", true))
-	h("PUT /v1/sandboxes/{id}/archive", s.proxy("PUT", "/archive", true))
+	h("GET /v1/sandboxes/{id}/files", s.proxy("GET", agent.PathFiles, true))
+	h("PUT /v1/sandboxes/{id}/files", s.proxy("PUT", agent.PathFiles, true))
+	h("DELETE /v1/sandboxes/{id}/files", s.proxy("DELETE", agent.PathFiles, true))
+	h("GET /v1/sandboxes/{id}/files/list", s.proxy("GET", agent.PathList, true))
+	h("GET /v1/sandboxes/{id}/files/stat", s.proxy("GET", agent.PathStat, true))
+	h("GET /v1/sandboxes/{id}/files/glob", s.proxy("GET", agent.PathGlob, false))
+	h("GET /v1/sandboxes/{id}/files/grep", s.proxy("GET", agent.PathGrep, false))
+	h("POST /v1/sandboxes/{id}/files/mkdir", s.proxyJSON(agent.PathMkdir, func() any { return new(api.MkdirRequest) }))
+	h("POST /v1/sandboxes/{id}/files/rename", s.proxyJSON(agent.PathRename, func() any { return new(api.RenameRequest) }))
+	h("GET /v1/sandboxes/{id}/archive", s.proxy("GET", agent.PathArchive, true))
+	h("PUT /v1/sandboxes/{id}/archive", s.proxy("PUT", agent.PathArchive, true))
 	h("POST /v1/sandboxes/{id}/processes", s.startProcess)
 	h("GET /v1/sandboxes/{id}/processes", s.procProxy("GET", ""))
 	h("GET /v1/sandboxes/{id}/processes/{proc}", s.procProxy("GET", ""))
-	h("GET /v1/sandboxes/{id}/processes/{proc}/logs", s.procProxy("GET", "/output"))
-	h("POST /v1/sandboxes/{id}/processes/{proc}/kill", s.procProxy("POST", "/signal"))
-	h("POST /v1/sandboxes/{id}/processes/{proc}/stdin", s.procProxy("POST", "/stdin"))
-	h("GET /v1/sandboxes/{id}/processes/{proc}/wait", s.procProxy("GET", "/wait"))
+	h("GET /v1/sandboxes/{id}/processes/{proc}/logs", s.procProxy("GET", agent.ProcOutput))
+	h("POST /v1/sandboxes/{id}/processes/{proc}/kill", s.procProxy("POST", agent.ProcSignal))
+	h("POST /v1/sandboxes/{id}/processes/{proc}/stdin", s.procProxy("POST", agent.ProcStdin))
+	h("GET /v1/sandboxes/{id}/processes/{proc}/wait", s.procProxy("GET", agent.ProcWait))
 	h("GET /v1/sandboxes/{id}/processes/{proc}/tty", s.tty)
 	h("GET /v1/sandboxes/{id}/sessions", s.sessionProxy("GET"))
 	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.sessionProxy("DELETE"))
@@ -461,19 +462,19 @@ func validProcID(p string) bool {
 // procProxy forwards a process request to the agent's /procs/{proc}{suffix}.
 func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		path := "/procs"
+		path := agent.PathProcs
 		if p := r.PathValue("proc"); p != "" {
 			if !validProcID(p) {
 				writeError(w, noProcess(p))
 				return
 			}
-			path += "/" + p + suffix
+			path = agent.ProcPath(p, suffix)
 		}
 		q := url.Values{}
 		in := r.URL.Query()
 		var body io.Reader
 		switch suffix {
-		case "/output":
+		case agent.ProcOutput:
 			for _, k := range []string{"follow", "tail"} {
 				if v := in.Get(k); v != "" {
 					q.Set(k, v)
@@ -497,7 +498,7 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 				}
 				q.Set("since", t.UTC().Format(time.RFC3339Nano))
 			}
-		case "/signal":
+		case agent.ProcSignal:
 			var req api.SignalRequest
 			if r.ContentLength != 0 {
 				if err := decode(r, &req); err != nil {
@@ -508,7 +509,7 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 			b, _ := json.Marshal(req)
 			body = bytes.NewReader(b)
 			defer func() { s.m.ProcessKilled(context.WithoutCancel(r.Context()), r.PathValue("id"), r.PathValue("proc")) }()
-		case "/stdin":
+		case agent.ProcStdin:
 			if _, err := boolParam(r, "close"); err != nil {
 				writeError(w, err)
 				return
@@ -533,7 +534,7 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 			}
 		}
 		agentOf := s.m.Agent
-		if follow, _ := boolParam(r, "follow"); method == "GET" && (suffix == "" || (suffix == "/output" && !follow)) {
+		if follow, _ := boolParam(r, "follow"); method == "GET" && (suffix == "" || (suffix == agent.ProcOutput && !follow)) {
 			agentOf = s.m.ReadAgent
 		}
 		s.forwardTo(w, r, agentOf, method, path, q, body)
@@ -691,9 +692,9 @@ func (s *Server) scopeEvents(ctx context.Context, f *store.EventFilter) error {
 
 func (s *Server) sessionProxy(method string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		path := "/sessions"
+		path := agent.PathSessions
 		if n := r.PathValue("name"); n != "" {
-			path += "/" + url.PathEscape(n)
+			path = agent.SessionPath(url.PathEscape(n))
 		}
 		agentOf := s.m.Agent
 		if method == "GET" {

@@ -2,26 +2,21 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/rsa"
-	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"strings"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/den-dev/den/api"
-	"github.com/den-dev/den/internal/store"
+	"github.com/den-dev/den/internal/sandbox"
 )
 
-// SSH keys authorised for den's SSH gateway are objects of kind "sshkey"
-// owned by the token that added them ("" for the admin). The gateway finds
-// a key by its fingerprint (SSHKeyByFingerprint) and acts for the key's
-// owner, narrowed to the key's sandbox when it has one.
-
-const sshKeyKind = "sshkey"
+// SSH keys authorised for den's SSH gateway: the routes and their checks.
+// The keys are kept by sandbox.Credentials, owned by the token that added
+// them ("" for the admin). The gateway finds a key by its fingerprint
+// (SSHKeyByFingerprint) and acts for the key's owner, narrowed to the
+// key's sandbox when it has one.
 
 // minRSABits is the smallest RSA key accepted.
 const minRSABits = 2048
@@ -71,7 +66,7 @@ func (s *Server) addSSHKey(w http.ResponseWriter, r *http.Request) {
 		}
 		key.Sandbox = sb.ID
 	}
-	all, err := s.sshKeys(ctx)
+	all, err := s.creds.SSHKeys(ctx)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -87,21 +82,11 @@ func (s *Server) addSSHKey(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	var b [16]byte
-	rand.Read(b[:])
-	key.ID, key.Owner = hex.EncodeToString(b[:]), p.TokenID
-	doc, err := json.Marshal(key)
-	if err != nil {
+	key.Owner = p.TokenID
+	if err := s.creds.AddSSHKey(ctx, key, p.Name); err != nil {
 		writeError(w, err)
 		return
 	}
-	o := &store.Object{Kind: sshKeyKind, ID: key.ID, Owner: key.Owner, Doc: doc}
-	if err := s.db.PutObject(ctx, o); err != nil {
-		writeError(w, err)
-		return
-	}
-	key.CreatedAt = o.CreatedAt
-	s.sshKeyEvent(ctx, key.Sandbox, "sshkey.add", p, key)
 	writeJSON(w, 201, key)
 }
 
@@ -167,7 +152,7 @@ func (s *Server) listSSHKeys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	all, err := s.sshKeys(r.Context())
+	all, err := s.creds.SSHKeys(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -188,7 +173,7 @@ func (s *Server) removeSSHKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	all, err := s.sshKeys(ctx)
+	all, err := s.creds.SSHKeys(ctx)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -199,82 +184,20 @@ func (s *Server) removeSSHKey(w http.ResponseWriter, r *http.Request) {
 			mine = append(mine, k)
 		}
 	}
-	k, err := findSSHKey(mine, r.PathValue("id"))
+	k, err := sandbox.FindSSHKey(mine, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if err := s.db.DeleteObject(ctx, sshKeyKind, k.ID); err != nil {
+	if err := s.creds.RemoveSSHKey(ctx, k, p.Name); err != nil {
 		writeError(w, err)
 		return
 	}
-	s.sshKeyEvent(ctx, k.Sandbox, "sshkey.rm", p, k)
 	w.WriteHeader(204)
-}
-
-// findSSHKey picks a key by id, name or id prefix (at least 4 characters).
-func findSSHKey(keys []*api.SSHKey, ref string) (*api.SSHKey, error) {
-	var byName, byPrefix []*api.SSHKey
-	for _, k := range keys {
-		switch {
-		case k.ID == ref:
-			return k, nil
-		case k.Name == ref:
-			byName = append(byName, k)
-		case len(ref) >= store.MinPrefix && strings.HasPrefix(k.ID, ref):
-			byPrefix = append(byPrefix, k)
-		}
-	}
-	for _, list := range [][]*api.SSHKey{byName, byPrefix} {
-		switch len(list) {
-		case 0:
-			continue
-		case 1:
-			return list[0], nil
-		default:
-			return nil, api.Errorf(api.KindConflict, "%q names %d SSH keys: use the id (see den ssh-key ls)", ref, len(list))
-		}
-	}
-	return nil, api.Errorf(api.KindNotFound, "no SSH key %q: see den ssh-key ls", ref)
-}
-
-// sshKeys returns every authorised key.
-func (s *Server) sshKeys(ctx context.Context) ([]*api.SSHKey, error) {
-	objs, err := s.db.ListObjects(ctx, sshKeyKind, "")
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*api.SSHKey, 0, len(objs))
-	for _, o := range objs {
-		var k api.SSHKey
-		if err := json.Unmarshal(o.Doc, &k); err != nil {
-			return nil, fmt.Errorf("ssh key %s: %w", o.ID, err)
-		}
-		k.ID, k.Owner, k.CreatedAt = o.ID, o.Owner, o.CreatedAt
-		out = append(out, &k)
-	}
-	return out, nil
 }
 
 // SSHKeyByFingerprint returns the authorised key with OpenSSH's SHA256
 // fingerprint fp, or a not_found *api.Error: the SSH gateway's look-up.
 func (s *Server) SSHKeyByFingerprint(ctx context.Context, fp string) (*api.SSHKey, error) {
-	all, err := s.sshKeys(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range all {
-		if k.Fingerprint == fp {
-			return k, nil
-		}
-	}
-	return nil, api.Errorf(api.KindNotFound, "no SSH key with fingerprint %s", fp)
-}
-
-// sshKeyEvent records who added or removed a key.
-func (s *Server) sshKeyEvent(ctx context.Context, sandbox, typ string, p *Principal, k *api.SSHKey) {
-	b, _ := json.Marshal(map[string]string{"key": k.ID, "fingerprint": k.Fingerprint, "name": k.Name, "by": p.Name})
-	if err := s.db.AddEvent(context.WithoutCancel(ctx), &store.Event{Sandbox: sandbox, Type: typ, Data: b}); err != nil {
-		s.log.Warn("event log", "type", typ, "err", err)
-	}
+	return s.creds.SSHKeyByFingerprint(ctx, fp)
 }

@@ -2,45 +2,16 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
 	"runtime"
-	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/sandbox"
-	"github.com/den-dev/den/internal/store"
 )
 
-// Scoped API tokens are objects of kind "token" in the store. Only the
-// SHA-256 of a token's secret is kept; the token's id is the first 16 hex
-// digits of that hash, so a request's token is found by id and then
-// compared in full, in constant time.
-
-const (
-	kindToken   = "token"
-	tokenPrefix = "den_"
-)
-
-// tokenDoc is a token as stored: never the secret, only its hash.
-type tokenDoc struct {
-	api.Token
-	Hash string `json:"hash"`
-}
-
-// hashSecret is the id and the full hex SHA-256 of a token's secret.
-func hashSecret(secret string) (id, hash string) {
-	sum := sha256.Sum256([]byte(secret))
-	hash = hex.EncodeToString(sum[:])
-	return hash[:16], hash
-}
+// Scoped API tokens: the routes and their checks. What a token is in the
+// store (only its secret's hash is kept) is sandbox.Credentials'.
 
 func validTokenName(n string) bool {
 	if n == "" || len(n) > 63 {
@@ -96,64 +67,7 @@ func (s *Server) CreateToken(ctx context.Context, req api.TokenRequest) (*api.To
 	if req.Disk > 0 && !s.m.DiskQuotas() {
 		return nil, api.FieldError("disk", "disk caps need den's managed filesystem (btrfs) with quotas, which this daemon does not have: see den info")
 	}
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, fmt.Errorf("token secret: %w", err)
-	}
-	secret := tokenPrefix + base64.RawURLEncoding.EncodeToString(b[:])
-	id, hash := hashSecret(secret)
-	doc := tokenDoc{Token: api.Token{ID: id, Name: req.Name, MaxSandboxes: req.MaxSandboxes, CPUs: req.CPUs, Memory: req.Memory, Disk: req.Disk,
-		MaxVolumes: req.MaxVolumes, MaxSnapshots: req.MaxSnapshots, MaxImages: req.MaxImages, CreatedAt: time.Now().UTC()}, Hash: hash}
-	raw, _ := json.Marshal(doc)
-	err := s.db.PutObject(ctx, &store.Object{Kind: kindToken, ID: id, Name: req.Name, CreatedAt: doc.CreatedAt, Doc: raw})
-	if errors.Is(err, store.ErrExists) {
-		return nil, api.Errorf(api.KindExists, "a token named %q already exists: pick another name, or den token rm %s first", req.Name, req.Name)
-	}
-	if err != nil {
-		return nil, err
-	}
-	s.db.AddEvent(ctx, &store.Event{Type: "token.create", Data: mustJSON(map[string]any{"id": id, "name": req.Name})})
-	t := doc.Token
-	t.Token = secret
-	return &t, nil
-}
-
-func mustJSON(v any) json.RawMessage {
-	b, _ := json.Marshal(v)
-	return b
-}
-
-func decodeToken(o *store.Object) (*tokenDoc, error) {
-	var d tokenDoc
-	if err := json.Unmarshal(o.Doc, &d); err != nil {
-		return nil, fmt.Errorf("token %s: %w", o.ID, err)
-	}
-	return &d, nil
-}
-
-// token finds a token by its exact id.
-func (s *Server) token(ctx context.Context, id string) (*tokenDoc, error) {
-	o, err := s.db.GetObject(ctx, kindToken, id)
-	if err == nil && o.ID != id {
-		err = store.ErrNotFound
-	}
-	if err != nil {
-		return nil, api.Errorf(api.KindNotFound, "no token %q", id)
-	}
-	return decodeToken(o)
-}
-
-// tokenForSecret finds the token whose secret this is.
-func (s *Server) tokenForSecret(ctx context.Context, secret string) (*tokenDoc, error) {
-	id, hash := hashSecret(secret)
-	d, err := s.token(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if subtle.ConstantTimeCompare([]byte(d.Hash), []byte(hash)) != 1 {
-		return nil, api.Errorf(api.KindNotFound, "no token %q", id)
-	}
-	return d, nil
+	return s.creds.CreateToken(ctx, req)
 }
 
 // PrincipalForToken is the principal of the scoped token with this id, for
@@ -161,7 +75,7 @@ func (s *Server) tokenForSecret(ctx context.Context, secret string) (*tokenDoc, 
 // a key to a token id). It fails for an unknown or revoked token. Every
 // request made for the principal checks the token again.
 func (s *Server) PrincipalForToken(ctx context.Context, tokenID string) (*Principal, error) {
-	d, err := s.token(ctx, tokenID)
+	d, err := s.creds.Token(ctx, tokenID)
 	if err != nil {
 		return nil, api.Errorf(api.KindUnauthorized, "token %q is revoked or unknown", tokenID)
 	}
@@ -170,7 +84,7 @@ func (s *Server) PrincipalForToken(ctx context.Context, tokenID string) (*Princi
 
 // Tokens lists the scoped tokens, each with how many sandboxes it has.
 func (s *Server) Tokens(ctx context.Context) ([]*api.Token, error) {
-	objs, err := s.db.ListObjects(ctx, kindToken, "")
+	list, err := s.creds.Tokens(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -182,17 +96,10 @@ func (s *Server) Tokens(ctx context.Context) ([]*api.Token, error) {
 	for _, sb := range all {
 		count[sb.Owner]++
 	}
-	out := []*api.Token{}
-	for _, o := range objs {
-		d, err := decodeToken(o)
-		if err != nil {
-			continue
-		}
-		t := d.Token
+	for _, t := range list {
 		t.Sandboxes = count[t.ID]
-		out = append(out, &t)
 	}
-	return out, nil
+	return list, nil
 }
 
 // RemoveToken revokes a token (by id, unique id prefix or name): its next
@@ -200,21 +107,9 @@ func (s *Server) Tokens(ctx context.Context) ([]*api.Token, error) {
 // forwards, SSH sessions' and MCP calls' requests) are ended with the
 // reason. Its sandboxes stay, for the admin to see and remove.
 func (s *Server) RemoveToken(ctx context.Context, idOrName string) error {
-	o, err := s.db.GetObject(ctx, kindToken, idOrName)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return api.Errorf(api.KindNotFound, "no token %q: see den token ls", idOrName)
-	case errors.Is(err, store.ErrConflict):
-		return api.Errorf(api.KindConflict, "%v: use more of the id", err)
-	case err != nil:
-		return err
-	}
-	if err := s.db.DeleteObject(ctx, kindToken, o.ID); err != nil {
-		return err
-	}
-	ended := s.live.end(o.ID, errRevoked(o.ID, o.Name))
-	s.db.AddEvent(ctx, &store.Event{Type: "token.remove", Data: mustJSON(map[string]any{"id": o.ID, "name": o.Name, "requests_ended": ended})})
-	return nil
+	return s.creds.RemoveToken(ctx, idOrName, func(id, name string) int {
+		return s.live.end(id, errRevoked(id, name))
+	})
 }
 
 func (s *Server) tokenRoutes() {

@@ -7,6 +7,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 )
 
 // tty bridges a client's WebSocket to the agent's terminal WebSocket of a
@@ -25,43 +26,34 @@ func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Check the process first, so a bad id is a JSON error, not a failed upgrade.
-	if err := ag.JSON(r.Context(), "GET", "/procs/"+proc, nil, nil, nil); err != nil {
+	if err := ag.JSON(r.Context(), "GET", agent.ProcPath(proc, ""), nil, nil, nil); err != nil {
 		writeError(w, err)
 		return
 	}
-	up, _, err := websocket.Dial(r.Context(), "ws://agent/procs/"+proc+"/tty", &websocket.DialOptions{HTTPClient: ag.HTTP()})
+	up, _, err := websocket.Dial(r.Context(), "ws://agent"+agent.ProcPath(proc, agent.ProcTTY), &websocket.DialOptions{HTTPClient: ag.HTTP()})
 	if err != nil {
 		writeError(w, api.Errorf(api.KindConflict, "attach to %s: %v", proc, err))
 		return
 	}
 	defer up.CloseNow()
 	up.SetReadLimit(api.MaxTTYMessage + 1024)
-	c, err := websocket.Accept(w, r, nil)
-	if err != nil {
-		return
-	}
-	defer c.CloseNow()
-	c.SetReadLimit(api.MaxTTYMessage)
-	// The pipes outlive a cancelled request context only until
-	// closeWhenEnded has closed the connections with the reason.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	defer cancel()
-	defer closeWhenEnded(r, c, up)()
-	pipe := func(from, to *websocket.Conn) {
-		defer cancel()
-		for {
-			typ, msg, err := from.Read(ctx)
-			if err != nil {
-				if st := websocket.CloseStatus(err); st != -1 {
-					to.Close(st, "")
+	acceptBridge(w, r, func(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn) {
+		pipe := func(from, to *websocket.Conn) {
+			defer cancel()
+			for {
+				typ, msg, err := from.Read(ctx)
+				if err != nil {
+					if st := websocket.CloseStatus(err); st != -1 {
+						to.Close(st, "")
+					}
+					return
 				}
-				return
-			}
-			if err := to.Write(ctx, typ, msg); err != nil {
-				return
+				if err := to.Write(ctx, typ, msg); err != nil {
+					return
+				}
 			}
 		}
-	}
-	go pipe(c, up)
-	pipe(up, c)
+		go pipe(c, up)
+		pipe(up, c)
+	}, up)
 }

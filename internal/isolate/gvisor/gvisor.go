@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/storage"
@@ -256,7 +257,7 @@ func (r *Runtime) Restore(ctx context.Context, spec *isolate.Spec, dir string) (
 	// the source's. The network needs nothing: this runsc builds the
 	// restored netstack from the new box's namespace.
 	if from, _ := os.ReadFile(filepath.Join(dir, hostnameFile)); string(from) != spec.Hostname {
-		if err := b.Agent().JSON(ctx, "POST", "/hostname", nil, map[string]string{"hostname": spec.Hostname}, nil); err != nil {
+		if err := b.Agent().JSON(ctx, "POST", agent.PathHostname, nil, map[string]string{"hostname": spec.Hostname}, nil); err != nil {
 			b.Stop(context.Background())
 			return nil, fmt.Errorf("restore %s: set the hostname: %w", spec.ID, err)
 		}

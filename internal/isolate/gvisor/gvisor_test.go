@@ -382,7 +382,7 @@ func TestPauseResume(t *testing.T) {
 func startCounter(t testing.TB, b isolate.Box) {
 	t.Helper()
 	var st struct{ ID string }
-	if err := b.Agent().JSON(ctxT(t, time.Minute), "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"}}, &st); err != nil {
+	if err := b.Agent().JSON(ctxT(t, time.Minute), "POST", agent.PathProcs, nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"}}, &st); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -991,7 +991,7 @@ func TestForkBombContained(t *testing.T) {
 	}
 	// The bomb's shell may have ended (a failed fork ends sh) and left
 	// its tree forking: a kill of the finished command ends it.
-	if err := b.Agent().JSON(ctxT(t, time.Minute), "POST", "/procs/"+res.Proc.ID+"/signal", nil, api.SignalRequest{}, nil); err != nil && !errors.Is(err, api.ErrConflict) {
+	if err := b.Agent().JSON(ctxT(t, time.Minute), "POST", agent.ProcPath(res.Proc.ID, agent.ProcSignal), nil, api.SignalRequest{}, nil); err != nil && !errors.Is(err, api.ErrConflict) {
 		t.Fatalf("kill what the bomb left: %v", err)
 	}
 	select {

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/den-dev/den/internal/agent"
 )
 
 // A box's pids limit is enforced inside gVisor's kernel, so that a fork
@@ -73,5 +75,5 @@ func limitProcs(limit int) error {
 // setBoxPids changes a running box's pids limit inside, through its agent;
 // commands started from then on get it.
 func (b *box) setBoxPids(ctx context.Context, limit int) error {
-	return b.Agent().JSON(ctx, "POST", "/limits", nil, map[string]int{"pids": limit}, nil)
+	return b.Agent().JSON(ctx, "POST", agent.PathLimits, nil, map[string]int{"pids": limit}, nil)
 }

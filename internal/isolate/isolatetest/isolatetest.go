@@ -12,7 +12,6 @@ package isolatetest
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/url"
@@ -101,30 +100,25 @@ func Exec(ctx context.Context, c *agent.Client, spec *agent.ExecSpec) (Result, e
 	}
 	defer rc.Close()
 	var out, errb bytes.Buffer
-	fr := api.NewFrameReader(rc)
-	for {
-		typ, p, err := fr.Next()
-		if err == io.EOF {
-			return res, fmt.Errorf("exec %q: stream ended without an exit status", spec.Argv)
-		}
-		if err != nil {
-			return res, fmt.Errorf("exec %q: %w", spec.Argv, err)
-		}
-		switch typ {
+	st, err := api.ReadExecStream(rc, func(f *api.ExecFrame) error {
+		switch f.Type {
 		case api.FrameStarted:
-			json.Unmarshal(p, &res.Proc)
+			res.Proc = f.Started
 		case api.FrameStdout:
-			out.Write(p)
+			out.Write(f.Payload)
 		case api.FrameStderr:
-			errb.Write(p)
-		case api.FrameExit:
-			json.Unmarshal(p, &res.Exit)
-			res.Stdout, res.Stderr = out.String(), errb.String()
-			return res, nil
-		case api.FrameError:
-			return res, fmt.Errorf("exec %q: %s", spec.Argv, p)
+			errb.Write(f.Payload)
 		}
+		return nil
+	})
+	if err == io.EOF {
+		return res, fmt.Errorf("exec %q: stream ended without an exit status", spec.Argv)
 	}
+	if err != nil {
+		return res, fmt.Errorf("exec %q: %w", spec.Argv, err)
+	}
+	res.Exit, res.Stdout, res.Stderr = *st, out.String(), errb.String()
+	return res, nil
 }
 
 func sh(t *testing.T, ctx context.Context, b isolate.Box, script string) Result {
@@ -199,7 +193,7 @@ func testFiles(t *testing.T, h Harness) {
 	c := b.Agent()
 	data := bytes.Repeat([]byte("den\x00\xff"), 100000)
 	q := url.Values{"path": {"/root/blob"}, "mode": {"0600"}}
-	resp, err := c.Do(ctx, "PUT", "/files", q, bytes.NewReader(data), nil)
+	resp, err := c.Do(ctx, "PUT", agent.PathFiles, q, bytes.NewReader(data), nil)
 	if err != nil {
 		t.Fatalf("write: %v", err)
 	}
@@ -208,7 +202,7 @@ func testFiles(t *testing.T, h Harness) {
 	if f := strings.Fields(out); len(f) != 2 || f[0] != strconv.Itoa(len(data)) || f[1] != "-rw-------" {
 		t.Fatalf("file written through the agent, seen inside: %q", out)
 	}
-	resp, err = c.Do(ctx, "GET", "/files", url.Values{"path": {"/root/blob"}}, nil, nil)
+	resp, err = c.Do(ctx, "GET", agent.PathFiles, url.Values{"path": {"/root/blob"}}, nil, nil)
 	if err != nil {
 		t.Fatalf("read: %v", err)
 	}
@@ -219,7 +213,7 @@ func testFiles(t *testing.T, h Harness) {
 	}
 	// A symlink inside cannot lead a file operation out of the box.
 	mustSh(t, ctx, b, "ln -s / /root/up && ln -s ../../../../../etc/hostname /root/hn")
-	resp, err = c.Do(ctx, "GET", "/files", url.Values{"path": {"/root/up/etc/hostname"}}, nil, nil)
+	resp, err = c.Do(ctx, "GET", agent.PathFiles, url.Values{"path": {"/root/up/etc/hostname"}}, nil, nil)
 	if err == nil {
 		inside, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -228,7 +222,7 @@ func testFiles(t *testing.T, h Harness) {
 			t.Fatal("a symlink led a read to the host's /etc/hostname")
 		}
 	}
-	if _, err := c.Do(ctx, "GET", "/files", url.Values{"path": {"/no/such/file"}}, nil, nil); err == nil {
+	if _, err := c.Do(ctx, "GET", agent.PathFiles, url.Values{"path": {"/no/such/file"}}, nil, nil); err == nil {
 		t.Fatal("reading a missing file succeeded")
 	}
 }
@@ -268,7 +262,7 @@ func testBackground(t *testing.T, h Harness) {
 	b := h.start(t, h.Spec(t, "cbg"))
 	ctx := h.ctx(t)
 	var st api.ProcessInfo
-	err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.1; done"}, Name: "ticker"}, &st)
+	err := b.Agent().JSON(ctx, "POST", agent.PathProcs, nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.1; done"}, Name: "ticker"}, &st)
 	if err != nil {
 		t.Fatalf("start background process: %v", err)
 	}
@@ -282,7 +276,7 @@ func testBackground(t *testing.T, h Harness) {
 	}
 	waitTicks(t, ctx, b, first+3)
 	var procs []api.ProcessInfo
-	if err := b.Agent().JSON(ctx, "GET", "/procs", nil, nil, &procs); err != nil {
+	if err := b.Agent().JSON(ctx, "GET", agent.PathProcs, nil, nil, &procs); err != nil {
 		t.Fatal(err)
 	}
 	found := false
@@ -304,7 +298,7 @@ func testDescendants(t *testing.T, h Harness) {
 	ctx := h.ctx(t)
 	c := b.Agent()
 	var bystander api.ProcessInfo
-	if err := c.JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"sleep", "1009"}}, &bystander); err != nil {
+	if err := c.JSON(ctx, "POST", agent.PathProcs, nil, &agent.ExecSpec{Argv: []string{"sleep", "1009"}}, &bystander); err != nil {
 		t.Fatalf("start the bystander: %v", err)
 	}
 
@@ -317,17 +311,17 @@ func testDescendants(t *testing.T, h Harness) {
 	}
 	waitSleeps(t, ctx, b, "the daemon to start", func(live map[string][]int) bool { return len(live["1001"]) == 1 })
 	var info api.ProcessInfo
-	if err := c.JSON(ctx, "GET", "/procs/"+res.Proc.ID, nil, nil, &info); err != nil {
+	if err := c.JSON(ctx, "GET", agent.ProcPath(res.Proc.ID, ""), nil, nil, &info); err != nil {
 		t.Fatal(err)
 	}
 	if info.State != api.ProcExited || len(info.Descendants) != 1 || info.Descendants[0] != daemon {
 		t.Fatalf("the finished command is listed as %s with descendants %v, want exited with [%d] (its setsid daemon)", info.State, info.Descendants, daemon)
 	}
-	if err := c.JSON(ctx, "POST", "/procs/"+res.Proc.ID+"/signal", nil, api.SignalRequest{Signal: "KILL"}, nil); err != nil {
+	if err := c.JSON(ctx, "POST", agent.ProcPath(res.Proc.ID, agent.ProcSignal), nil, api.SignalRequest{Signal: "KILL"}, nil); err != nil {
 		t.Fatalf("kill the finished command's daemon: %v", err)
 	}
 	waitSleeps(t, ctx, b, "the kill of the finished command to end its daemon", func(live map[string][]int) bool { return len(live["1001"]) == 0 })
-	if err := c.JSON(ctx, "POST", "/procs/"+res.Proc.ID+"/signal", nil, api.SignalRequest{Signal: "KILL"}, nil); err == nil {
+	if err := c.JSON(ctx, "POST", agent.ProcPath(res.Proc.ID, agent.ProcSignal), nil, api.SignalRequest{Signal: "KILL"}, nil); err == nil {
 		t.Fatal("a kill of a finished command that left nothing running succeeded; want a conflict")
 	}
 
@@ -348,7 +342,7 @@ func testDescendants(t *testing.T, h Harness) {
 
 	// A kill through the agent ends a background process's tree.
 	var bg api.ProcessInfo
-	if err := c.JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c",
+	if err := c.JSON(ctx, "POST", agent.PathProcs, nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c",
 		"(setsid sleep 1005 &); setsid sleep 1006 & sleep 1007"}}, &bg); err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +351,7 @@ func testDescendants(t *testing.T, h Harness) {
 		want = append(append(append([]int(nil), live["1005"]...), live["1006"]...), live["1007"]...)
 		return len(live["1005"]) == 1 && len(live["1006"]) == 1 && len(live["1007"]) == 1
 	})
-	if err := c.JSON(ctx, "GET", "/procs/"+bg.ID, nil, nil, &info); err != nil {
+	if err := c.JSON(ctx, "GET", agent.ProcPath(bg.ID, ""), nil, nil, &info); err != nil {
 		t.Fatal(err)
 	}
 	for _, pid := range want {
@@ -365,7 +359,7 @@ func testDescendants(t *testing.T, h Harness) {
 			t.Fatalf("background process %s lists descendants %v, want %v among them", bg.ID, info.Descendants, want)
 		}
 	}
-	if err := c.JSON(ctx, "POST", "/procs/"+bg.ID+"/signal", nil, api.SignalRequest{Signal: "KILL"}, nil); err != nil {
+	if err := c.JSON(ctx, "POST", agent.ProcPath(bg.ID, agent.ProcSignal), nil, api.SignalRequest{Signal: "KILL"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	waitSleeps(t, ctx, b, "the kill to end the background tree", func(live map[string][]int) bool {
@@ -376,7 +370,7 @@ func testDescendants(t *testing.T, h Harness) {
 	if len(live["1009"]) != 1 {
 		t.Fatalf("the bystander (its own background process) was killed with another's tree: %v", live)
 	}
-	if err := c.JSON(ctx, "GET", "/procs/"+bystander.ID, nil, nil, &info); err != nil || info.State != api.ProcRunning {
+	if err := c.JSON(ctx, "GET", agent.ProcPath(bystander.ID, ""), nil, nil, &info); err != nil || info.State != api.ProcRunning {
 		t.Fatalf("bystander: %+v %v", info, err)
 	}
 }
@@ -437,7 +431,7 @@ func waitTicks(t *testing.T, ctx context.Context, b isolate.Box, want int) int {
 func startTicker(t *testing.T, ctx context.Context, b isolate.Box) {
 	t.Helper()
 	var st api.ProcessInfo
-	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.1; done"}}, &st); err != nil {
+	if err := b.Agent().JSON(ctx, "POST", agent.PathProcs, nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/tick.new; mv /tmp/tick.new /tmp/tick; sleep 0.1; done"}}, &st); err != nil {
 		t.Fatalf("start ticker: %v", err)
 	}
 }
@@ -643,7 +637,7 @@ func testDialPort(t *testing.T, h Harness) {
 	b := h.start(t, h.Spec(t, "cdial"))
 	ctx := h.ctx(t)
 	var st api.ProcessInfo
-	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "echo hello from inside | busybox nc -l -p 9000 > /tmp/got"}}, &st); err != nil {
+	if err := b.Agent().JSON(ctx, "POST", agent.PathProcs, nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "echo hello from inside | busybox nc -l -p 9000 > /tmp/got"}}, &st); err != nil {
 		t.Fatalf("start listener: %v", err)
 	}
 	var c io.ReadWriteCloser

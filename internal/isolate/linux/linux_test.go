@@ -3,7 +3,6 @@ package linux
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -97,28 +96,22 @@ func runSpec(t testing.TB, c *agent.Client, spec *agent.ExecSpec) (string, strin
 	}
 	defer rc.Close()
 	var out, errb bytes.Buffer
-	fr := api.NewFrameReader(rc)
-	for {
-		typ, p, err := fr.Next()
-		if err == io.EOF {
-			t.Fatalf("exec %v: stream ended without exit", argv)
-		}
-		if err != nil {
-			t.Fatalf("exec %v: %v", argv, err)
-		}
-		switch typ {
+	st, err := api.ReadExecStream(rc, func(f *api.ExecFrame) error {
+		switch f.Type {
 		case api.FrameStdout:
-			out.Write(p)
+			out.Write(f.Payload)
 		case api.FrameStderr:
-			errb.Write(p)
-		case api.FrameExit:
-			var st api.ExitStatus
-			json.Unmarshal(p, &st)
-			return out.String(), errb.String(), st
-		case api.FrameError:
-			t.Fatalf("exec %v: error frame %s", argv, p)
+			errb.Write(f.Payload)
 		}
+		return nil
+	})
+	if err == io.EOF {
+		t.Fatalf("exec %v: stream ended without exit", argv)
 	}
+	if err != nil {
+		t.Fatalf("exec %v: %v", argv, err)
+	}
+	return out.String(), errb.String(), *st
 }
 
 func TestBoxBootsAndIsolates(t *testing.T) {

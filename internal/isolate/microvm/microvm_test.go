@@ -211,7 +211,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal("a write reached the image layer")
 	}
 	var ps struct{ ID string }
-	if err := b.Agent().JSON(ctx, "POST", "/procs", nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"}}, &ps); err != nil {
+	if err := b.Agent().JSON(ctx, "POST", agent.PathProcs, nil, &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"}}, &ps); err != nil {
 		t.Fatal(err)
 	}
 
