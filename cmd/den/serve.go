@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/instance"
 	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate/linux"
@@ -118,6 +119,23 @@ func cmdServe(args []string) error {
 	if err := os.MkdirAll(*data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	// The data directory is this daemon's alone (a second daemon on it
+	// would adopt and remove the first one's sandboxes), and its identity:
+	// the cgroup parent of its boxes is named after it.
+	canon, err := instance.Canonical(*data)
+	if err != nil {
+		return err
+	}
+	lock, err := instance.Acquire(canon)
+	if err != nil {
+		var busy *instance.BusyError
+		if errors.As(err, &busy) {
+			return fmt.Errorf("%w: stop that daemon first, or give this one another --data", err)
+		}
+		return err
+	}
+	defer lock.Release()
+	cgParent := instance.CgroupParent(canon)
 	token, err := loadToken(filepath.Join(*data, "token"))
 	if err != nil {
 		return err
@@ -160,11 +178,24 @@ func cmdServe(args []string) error {
 			nw = nil
 		}
 	}
-	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux"), Network: nw})
+	rec := instance.Record{Started: time.Now().UTC(), Run: *runDir, CgroupParent: cgParent,
+		Runtimes: strings.Split(*runtimes, ","), Runsc: *runscPath, Platform: *runscPlatform}
+	if abs, err := filepath.Abs(*runDir); err == nil {
+		rec.Run = abs
+	}
+	if nw != nil {
+		rec.Bridge, rec.Table = *bridge, nw.Table()
+	}
+	// Recorded before anything is made under the run directory or in the
+	// cgroup parent, so that den system reset finds it all after a crash.
+	if err := lock.Write(rec); err != nil {
+		return fmt.Errorf("record the daemon in %s: %w", *data, err)
+	}
+	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux"), CgroupName: cgParent, Network: nw})
 	if err != nil {
 		return fmt.Errorf("linux runtime: %w", err)
 	}
-	tiers := setupTiers(log, rt, *runDir, *data, nw, strings.Split(*runtimes, ","), *runscPath, *runscPlatform)
+	tiers := setupTiers(log, rt, *runDir, *data, cgParent, nw, rec.Runtimes, *runscPath, *runscPlatform)
 	defRT, err := tiers.defaultTier(*defRuntime)
 	if err != nil {
 		return err

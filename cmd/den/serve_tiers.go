@@ -25,8 +25,8 @@ type tierSet struct {
 // where this host can run them (and enabled names them), and records for
 // every tier whether it runs here, how, and if not, why. runsc and
 // platform are the gvisor tier's ("" for runsc on PATH, and the fastest
-// platform that works).
-func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data string, nw *linux.Network, enabled []string, runsc, platform string) tierSet {
+// platform that works); cgParent is the daemon's cgroup parent.
+func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data, cgParent string, nw *linux.Network, enabled []string, runsc, platform string) tierSet {
 	ts := tierSet{runtimes: map[string]isolate.Runtime{"linux": rt}, unavailable: map[string]string{}}
 	on := func(name string) bool { return slices.Contains(enabled, name) }
 	ts.info = append(ts.info, api.RuntimeInfo{Name: "linux", Available: true,
@@ -35,7 +35,7 @@ func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data string, nw *li
 	gi := api.RuntimeInfo{Name: "gvisor"}
 	if !on("gvisor") {
 		gi.Reason = "turned off (den serve --runtimes)"
-	} else if g, err := gvisor.New(gvisor.Config{RunDir: filepath.Join(runDir, "gvisor"), Runsc: runsc, Platform: platform, Network: nw}); err != nil {
+	} else if g, err := gvisor.New(gvisor.Config{RunDir: filepath.Join(runDir, "gvisor"), CgroupParent: cgParent, Runsc: runsc, Platform: platform, Network: nw}); err != nil {
 		gi.Reason = strings.TrimPrefix(err.Error(), "gvisor: ")
 	} else {
 		ts.runtimes["gvisor"] = g

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/internal/isolate"
+	"golang.org/x/sys/unix"
 )
 
 // cgroups places boxes in cgroups on either cgroup v2 (unified) or v1
@@ -450,4 +451,93 @@ func (cg *cgroups) joinFreezer(id string) error {
 		}
 	}
 	return fmt.Errorf("box %s: its processes keep forking; cannot move them to a freezer group", id)
+}
+
+// RemoveParent removes the parent group name and every group under it
+// from each cgroup hierarchy mounted at root (cgroup v2 at root itself or
+// beside v1 controllers, and every v1 hierarchy: runsc makes its groups in
+// all of them), for den system reset: it first thaws and kills every
+// process left in them. It returns the parent groups it removed (nothing
+// when there is none).
+func RemoveParent(root, name string) ([]string, error) {
+	if name == "" || name == "." || name == ".." || strings.Contains(name, "/") {
+		return nil, fmt.Errorf("cgroup parent %q: not a group name", name)
+	}
+	var tops []string
+	for _, h := range cgroupHierarchies(root) {
+		if st, err := os.Stat(filepath.Join(h, name)); err == nil && st.IsDir() {
+			tops = append(tops, filepath.Join(h, name))
+		}
+	}
+	var groups []string // every group, deepest last
+	for _, top := range tops {
+		filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				groups = append(groups, p)
+			}
+			return nil
+		})
+	}
+	for _, g := range groups {
+		write(filepath.Join(g, "cgroup.freeze"), "0")       // v2 (absent on v1)
+		write(filepath.Join(g, "freezer.state"), "THAWED") // v1 freezer
+		b, _ := os.ReadFile(filepath.Join(g, "cgroup.procs"))
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	var errs []error
+	for i := len(groups) - 1; i >= 0; i-- {
+		g := groups[i]
+		for try := 0; ; try++ {
+			err := os.Remove(g)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if try == 400 { // 2s for the killed processes to exit
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w (processes still in it: %s)", g, err, readProcs(g)))
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	var gone []string
+	for _, top := range tops {
+		if _, err := os.Stat(top); errors.Is(err, os.ErrNotExist) {
+			gone = append(gone, top)
+		}
+	}
+	return gone, errors.Join(errs...)
+}
+
+func readProcs(g string) string {
+	b, _ := os.ReadFile(filepath.Join(g, "cgroup.procs"))
+	return strings.Join(strings.Fields(string(b)), " ")
+}
+
+// cgroupHierarchies lists the cgroup filesystems mounted at root: root
+// itself (cgroup v2 alone), or each of its subdirectories that is one (v1
+// controllers, a named v1 hierarchy such as systemd's, a v2 beside them).
+func cgroupHierarchies(root string) []string {
+	isCgroup := func(p string) bool {
+		var st syscall.Statfs_t
+		if syscall.Statfs(p, &st) != nil {
+			return false
+		}
+		return st.Type == unix.CGROUP2_SUPER_MAGIC || st.Type == unix.CGROUP_SUPER_MAGIC
+	}
+	if isCgroup(root) {
+		return []string{root}
+	}
+	ents, _ := os.ReadDir(root)
+	var out []string
+	for _, e := range ents {
+		p := filepath.Join(root, e.Name())
+		if e.IsDir() && isCgroup(p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
