@@ -21,9 +21,9 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
-	"github.com/den-dev/den/internal/instance"
 	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/instance"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"

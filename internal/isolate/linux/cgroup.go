@@ -479,7 +479,7 @@ func RemoveParent(root, name string) ([]string, error) {
 		})
 	}
 	for _, g := range groups {
-		write(filepath.Join(g, "cgroup.freeze"), "0")       // v2 (absent on v1)
+		write(filepath.Join(g, "cgroup.freeze"), "0")      // v2 (absent on v1)
 		write(filepath.Join(g, "freezer.state"), "THAWED") // v1 freezer
 		b, _ := os.ReadFile(filepath.Join(g, "cgroup.procs"))
 		for _, f := range strings.Fields(string(b)) {
