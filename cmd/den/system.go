@@ -74,6 +74,7 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 	run := f.String("run", "", "DIR", "its run directory (default: the one it recorded; /run/den for "+instance.DefaultData+")")
 	bridge := f.String("bridge", "", "NAME", "its bridge (default: the one it recorded; den0 for "+instance.DefaultData+")")
 	purge := f.Bool("purge", "", "remove the data directory too (images, sandbox files, snapshots, volumes, state): den starts from nothing")
+	verbose := f.Bool("verbose", "v", "log what the daemon's sandbox manager and tiers do while stopping the sandboxes (to stderr)")
 	yes := f.Bool("yes", "y", "do not ask for confirmation (needed when stdin is not a terminal)")
 	jsonOut := f.jsonFlag(`print {"data": DIR, "removed": [{"kind": ..., "what": ...}], "errors": [...]}`)
 	pos, _, err := f.parse(args, -1, c.stdout)
@@ -105,7 +106,10 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 		return fmt.Errorf("%w: stop it first, then run den system reset again", err)
 	}
 	defer lock.Release()
-	t := resetTarget{data: dir, run: *run, bridge: *bridge}
+	t := resetTarget{data: dir, run: *run, bridge: *bridge, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if *verbose {
+		t.log = slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	rec, recorded, err := instance.Read(dir)
 	if err != nil {
 		return err
@@ -169,6 +173,7 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 type resetTarget struct {
 	data, run, bridge, table, cgroup string
 	rec                              instance.Record
+	log                              *slog.Logger
 }
 
 // fill completes t from the daemon's record (flags given win), or from
@@ -266,21 +271,18 @@ func (t *resetTarget) stopSandboxes(note func(kind, what string)) error {
 	if err != nil {
 		return fmt.Errorf("read state: %w", err)
 	}
-	live := false
+	live := map[string]*store.Sandbox{}
 	for _, s := range all {
-		switch s.State {
-		case api.StateStopped, api.StateHibernated, api.StateFailed:
-		default:
-			live = true
+		if isLive(s.State) {
+			live[s.ID] = s
 		}
 	}
-	if !live {
+	if len(live) == 0 {
 		return nil
 	}
 	if t.run == "" {
 		return errors.New("sandboxes are recorded running, but the daemon's run directory is unknown: pass --run DIR")
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	mode := "dir"
 	if _, err := os.Stat(filepath.Join(t.data, "storage.img")); err == nil {
 		mode = "btrfs"
@@ -302,9 +304,9 @@ func (t *resetTarget) stopSandboxes(note func(kind, what string)) error {
 	if len(enabled) == 0 {
 		enabled = []string{"linux", "gvisor", "microvm"}
 	}
-	tiers := setupTiers(quiet, rt, t.run, t.data, t.cgroup, nil, enabled, t.rec.Runsc, t.rec.Platform)
+	tiers := setupTiers(t.log, rt, t.run, t.data, t.cgroup, nil, enabled, t.rec.Runsc, t.rec.Platform)
 	m, err := sandbox.New(ctx, sandbox.Config{DataDir: t.data, Runtime: rt, Tiers: tiers.runtimes, Unavailable: tiers.unavailable,
-		Store: db, Images: images, Log: quiet, Storage: st})
+		Store: db, Images: images, Log: t.log, Storage: st})
 	if err != nil {
 		return err
 	}
@@ -320,13 +322,37 @@ func (t *resetTarget) stopSandboxes(note func(kind, what string)) error {
 		}
 		if _, err := m.Stop(ctx, s.ID); err != nil {
 			errs = append(errs, fmt.Errorf("stop sandbox %s: %w", s.ID, err))
-			continue
 		}
-		what := s.ID + " (" + s.Runtime + ")"
-		if s.Name != "" {
-			what = s.ID + " " + s.Name + " (" + s.Runtime + ")"
+	}
+	// Each sandbox recorded live before and stopped now: stopped here,
+	// or found gone and settled by the manager's start-up sweep.
+	after, err := db.ListSandboxes(ctx, nil)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, s := range after {
+		if was, ok := live[s.ID]; ok && !isLive(s.State) {
+			what := s.ID + " (" + was.Runtime + ")"
+			if s.Name != "" {
+				what = s.ID + " " + s.Name + " (" + was.Runtime + ")"
+			}
+			note("sandbox", what)
+		} else if ok && s.State != stateWarmRecord {
+			errs = append(errs, fmt.Errorf("sandbox %s is still %s", s.ID, s.State))
 		}
-		note("sandbox", what)
 	}
 	return errors.Join(errs...)
+}
+
+// stateWarmRecord is the state of a warm-pool sandbox's record (the
+// manager removes it when it tears the box down).
+const stateWarmRecord = "warm"
+
+// isLive says whether a sandbox in state may have processes.
+func isLive(state string) bool {
+	switch state {
+	case api.StateStopped, api.StateHibernated, api.StateFailed:
+		return false
+	}
+	return true
 }

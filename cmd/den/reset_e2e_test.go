@@ -1,0 +1,336 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/instance"
+)
+
+// resetCLI runs den system reset on d's data directory, as root.
+func resetCLI(t *testing.T, d *daemon, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(denBinary(t), append([]string{"system", "reset", "--data", d.data}, args...)...)
+	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "HOME=/", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if stderr.Len() > 0 {
+		t.Logf("den system reset %s: stderr:\n%s", strings.Join(args, " "), stderr.String())
+	}
+	if err != nil {
+		return string(out) + stderr.String(), err
+	}
+	return string(out), nil
+}
+
+// alive reports whether pid is a process that has not exited (a zombie
+// has: this host's PID 1 may not reap the orphans it inherits).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, ok := strings.Cut(string(b), ") ")
+	return ok && !strings.HasPrefix(rest, "Z")
+}
+
+// hostView is what the host's own tools show of one daemon: its mounts
+// (/proc/self/mountinfo), loop devices (/sys/block), bridge (ip link),
+// nftables table (nft list tables), cgroup groups (the cgroup
+// filesystems) and processes (ps).
+type hostView struct {
+	mounts, loops, links, tables, cgroups, procs []string
+}
+
+func (h hostView) empty() bool {
+	return len(h.mounts)+len(h.loops)+len(h.links)+len(h.tables)+len(h.cgroups)+len(h.procs) == 0
+}
+
+func (h hostView) String() string {
+	return fmt.Sprintf("mounts %q\nloops %q\nlinks %q\nnft tables %q\ncgroups %q\nprocesses %q", h.mounts, h.loops, h.links, h.tables, h.cgroups, h.procs)
+}
+
+// viewOf lists what of d (bridge br, cgroup parent cg, sandbox init pids)
+// the host shows.
+func viewOf(t *testing.T, d *daemon, data, br, cg string, pids []int) hostView {
+	t.Helper()
+	var h hostView
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (under(f[4], data) || under(f[4], d.run)) {
+			h.mounts = append(h.mounts, f[4])
+		}
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && under(strings.TrimSpace(string(b)), data) {
+			h.loops = append(h.loops, f+": "+strings.TrimSpace(string(b)))
+		}
+	}
+	out, err := exec.Command("ip", "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatalf("ip link: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.TrimSuffix(f[1], ":") == br {
+			h.links = append(h.links, br)
+		}
+	}
+	out, err = exec.Command("nft", "list", "tables").Output()
+	if err != nil {
+		t.Fatalf("nft list tables: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.TrimSpace(line) == "table inet "+tableOf(br) {
+			h.tables = append(h.tables, line)
+		}
+	}
+	hier, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, e := range hier {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", e.Name(), cg)); err == nil {
+			h.cgroups = append(h.cgroups, filepath.Join("/sys/fs/cgroup", e.Name(), cg))
+		}
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", cg)); err == nil {
+		h.cgroups = append(h.cgroups, filepath.Join("/sys/fs/cgroup", cg))
+	}
+	for _, pid := range pids {
+		if alive(pid) {
+			h.procs = append(h.procs, fmt.Sprintf("sandbox init %d", pid))
+		}
+	}
+	// runsc's processes name the daemon's run directory (--root).
+	out, _ = exec.Command("ps", "-eo", "pid=,args=").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		pid, args, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if n, err := strconv.Atoi(pid); err == nil && alive(n) && strings.Contains(args, d.run+"/") && !strings.Contains(args, " system reset ") {
+			h.procs = append(h.procs, strings.TrimSpace(line))
+		}
+	}
+	return h
+}
+
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// tableOf is the nftables table den serve --bridge br makes (see
+// linux.TableName), spelled out here so the test checks the name.
+func tableOf(br string) string { return "den_" + br }
+
+// boxCgroup is the memory cgroup of a host pid, from /proc/PID/cgroup.
+func boxCgroup(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && (f[1] == "memory" || f[0] == "0" && f[1] == "") {
+			if f[2] != "/" {
+				return f[2]
+			}
+		}
+	}
+	t.Fatalf("pid %d has no memory cgroup:\n%s", pid, b)
+	return ""
+}
+
+// TestSystemReset runs two daemons at once, each with its own data
+// directory, run directory, bridge and sandboxes (networked, on the linux
+// tier, and on gvisor where it runs): their boxes' cgroups have different
+// parents. After a kill -9 of the first, den system reset on the second's
+// data directory is refused (it runs) and changes nothing, while on the
+// first's it stops its sandboxes and removes all of it (the host's own
+// views say so), the second's left whole and working; a second reset
+// finds nothing.
+func TestSystemReset(t *testing.T) {
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+	}
+	n := os.Getpid() % 100000
+	type side struct {
+		d          *daemon
+		data       string
+		br, cg     string
+		sb         []*api.Sandbox
+		pids       []int
+		gvisorOnly bool
+	}
+	var sides [2]*side
+	for i, sub := range []string{"10.231.0.0/24", "10.232.0.0/24"} {
+		s := &side{br: fmt.Sprintf("dr%c%d", 'a'+i, n)}
+		// Registered before the daemon, so that it runs after the
+		// daemon's own cleanup: the bridge and cgroup parent stay after
+		// den serve ends, and the test leaves nothing behind.
+		t.Cleanup(func() {
+			if s.d == nil {
+				return
+			}
+			// The data directory is gone by now (t.TempDir): the same
+			// path names the same cgroup parent.
+			os.MkdirAll(s.d.data, 0o700)
+			defer os.RemoveAll(s.d.data)
+			if out, err := resetCLI(t, s.d, "--yes", "--run", s.d.run, "--bridge", s.br); err != nil {
+				t.Errorf("reset at cleanup: %v\n%s", err, out)
+			}
+		})
+		args := []string{"--net=true", "--bridge", s.br, "--subnet", sub}
+		if i == 0 {
+			args = append(args, "--runtimes", "linux,gvisor")
+		}
+		s.d = newDaemonArgs(t, args)
+		var err error
+		if s.data, err = instance.Canonical(s.d.data); err != nil {
+			t.Fatal(err)
+		}
+		s.cg = instance.CgroupParent(s.data)
+		sides[i] = s
+	}
+	a, b := sides[0], sides[1]
+	ctx := context.Background()
+	tiers := []string{"linux"}
+	if info, err := a.d.c.Info(ctx); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, rt := range info.Runtimes {
+			if rt.Name == "gvisor" && rt.Available {
+				tiers = append(tiers, "gvisor")
+			} else if rt.Name == "gvisor" {
+				t.Logf("gvisor is not available here (%s): the linux tier only", rt.Reason)
+			}
+		}
+	}
+	for _, s := range sides {
+		ts := tiers
+		if s == b {
+			ts = []string{"linux"}
+		}
+		for _, tier := range ts {
+			sb, err := s.d.c.Create(ctx, api.CreateRequest{Runtime: tier, Network: &api.NetworkPolicy{Mode: "open"}})
+			if err != nil {
+				t.Fatalf("create on %s: %v\n%s", tier, err, s.d.logText())
+			}
+			s.sb = append(s.sb, sb)
+			if sb.Pid > 0 {
+				s.pids = append(s.pids, sb.Pid)
+			}
+			// The box's cgroup, as the kernel says: under the daemon's
+			// own parent.
+			if tier == "linux" {
+				got := boxCgroup(t, sb.Pid)
+				if want := "/" + s.cg + "/" + sb.ID; got != want {
+					t.Errorf("%s box of %s: cgroup %s, want %s", tier, s.br, got, want)
+				}
+			}
+		}
+		if got := s.d.sh(s.sb[0].ID, "echo up"); got != "up\n" {
+			t.Fatalf("sandbox says %q", got)
+		}
+	}
+	if a.cg == b.cg || a.cg == "den" {
+		t.Fatalf("two daemons share the cgroup parent %s (or use the default's)", a.cg)
+	}
+	va, vb := viewOf(t, a.d, a.data, a.br, a.cg, a.pids), viewOf(t, b.d, b.data, b.br, b.cg, b.pids)
+	for _, v := range []hostView{va, vb} {
+		if len(v.links) == 0 || len(v.tables) == 0 || len(v.cgroups) == 0 || len(v.procs) == 0 || len(v.mounts) == 0 {
+			t.Fatalf("a running daemon's things are not all visible:\n%s", v)
+		}
+	}
+	t.Logf("daemon a on the host:\n%s", va)
+
+	a.d.kill9()
+
+	// Refused while b runs: it names b's pid and what to do, and b's
+	// sandbox and everything of b stay.
+	out, err := resetCLI(t, b.d, "--yes")
+	if err == nil {
+		t.Fatalf("reset of a running daemon's data directory was not refused:\n%s", out)
+	}
+	if pid := b.d.proc.cmd.Process.Pid; !strings.Contains(out, fmt.Sprintf("process %d", pid)) || !strings.Contains(out, "stop it first") {
+		t.Errorf("refusal does not name the daemon (pid %d) and what to do:\n%s", pid, out)
+	}
+	if got := b.d.sh(b.sb[0].ID, "echo still"); got != "still\n" {
+		t.Fatalf("b's sandbox after the refused reset says %q", got)
+	}
+	if v := viewOf(t, b.d, b.data, b.br, b.cg, b.pids); len(v.links) == 0 || len(v.tables) == 0 || len(v.cgroups) != len(vb.cgroups) || len(v.procs) != len(vb.procs) {
+		t.Fatalf("a refused reset changed b:\nbefore\n%s\nafter\n%s", vb, v)
+	}
+
+	// a's sandboxes outlived its kill -9.
+	if v := viewOf(t, a.d, a.data, a.br, a.cg, a.pids); len(v.procs) < len(a.sb) {
+		t.Fatalf("a's sandboxes did not outlive the daemon:\n%s", v)
+	}
+	out, err = resetCLI(t, a.d, "--yes", "--json", "-v")
+	if err != nil {
+		t.Fatalf("reset: %v\n%s", err, out)
+	}
+	var rep resetReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("reset --json: %v\n%s", err, out)
+	}
+	kinds := map[string]int{}
+	for _, it := range rep.Removed {
+		kinds[it.Kind]++
+	}
+	if kinds["sandbox"] != len(a.sb) || kinds["cgroup"] == 0 || kinds["network"] < 2 || kinds["run_dir"] != 1 || kinds["mount"] == 0 {
+		t.Errorf("reset reports %v, want %d sandboxes, cgroups, the bridge and table, mounts and the run directory:\n%s", kinds, len(a.sb), out)
+	}
+	if v := viewOf(t, a.d, a.data, a.br, a.cg, a.pids); !v.empty() {
+		t.Errorf("after reset, the host still has daemon a's:\n%s", v)
+	}
+	if _, err := os.Stat(a.d.run); !os.IsNotExist(err) {
+		t.Errorf("a's run directory %s is still there (%v)", a.d.run, err)
+	}
+	for _, keep := range []string{"den.db", "token", "images"} {
+		if _, err := os.Stat(filepath.Join(a.data, keep)); err != nil {
+			t.Errorf("reset (no --purge) removed data: %v", err)
+		}
+	}
+	// b is whole and working.
+	if v := viewOf(t, b.d, b.data, b.br, b.cg, b.pids); len(v.links) == 0 || len(v.tables) == 0 || len(v.cgroups) != len(vb.cgroups) || len(v.procs) != len(vb.procs) || len(v.mounts) != len(vb.mounts) {
+		t.Errorf("resetting a changed b:\nbefore\n%s\nafter\n%s", vb, v)
+	}
+	if got := b.d.sh(b.sb[0].ID, "echo alive"); got != "alive\n" {
+		t.Errorf("b's sandbox after a's reset says %q", got)
+	}
+
+	// Idempotent.
+	out, err = resetCLI(t, a.d, "--yes")
+	if err != nil || !strings.Contains(out, "nothing to reset") {
+		t.Errorf("second reset: %v\n%s", err, out)
+	}
+
+	// The next daemon on a's data finds its sandboxes stopped, with
+	// their files, and starts them.
+	a.d.start()
+	for _, sb := range a.sb {
+		got, err := a.d.c.Get(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != api.StateStopped {
+			t.Errorf("after reset, %s (%s) is %s, want stopped", sb.ID, sb.Runtime, got.State)
+		}
+	}
+	if _, err := a.d.c.Start(ctx, a.sb[0].ID); err != nil {
+		t.Fatalf("start after reset: %v\n%s", err, a.d.logText())
+	}
+	if got := a.d.sh(a.sb[0].ID, "echo back"); got != "back\n" {
+		t.Errorf("restarted sandbox says %q", got)
+	}
+}
