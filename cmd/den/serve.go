@@ -196,6 +196,16 @@ func cmdServe(args []string) error {
 		return fmt.Errorf("linux runtime: %w", err)
 	}
 	tiers := setupTiers(log, rt, *runDir, *data, cgParent, nw, rec.Runtimes, *runscPath, *runscPlatform)
+	for _, in := range tiers.info {
+		if in.Name == "gvisor" && in.Available {
+			// The runsc and platform found, so that den system reset
+			// reattaches to the boxes with the same ones.
+			rec.Runsc, rec.Platform = in.Details["runsc_path"], in.Details["platform"]
+			if err := lock.Write(rec); err != nil {
+				return fmt.Errorf("record the daemon in %s: %w", *data, err)
+			}
+		}
+	}
 	defRT, err := tiers.defaultTier(*defRuntime)
 	if err != nil {
 		return err
