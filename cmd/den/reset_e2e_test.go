@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/instance"
@@ -269,6 +270,30 @@ func TestSystemReset(t *testing.T) {
 	}
 	if v := viewOf(t, b.d, b.data, b.br, b.cg, b.pids); len(v.links) == 0 || len(v.tables) == 0 || len(v.cgroups) != len(vb.cgroups) || len(v.procs) != len(vb.procs) {
 		t.Fatalf("a refused reset changed b:\nbefore\n%s\nafter\n%s", vb, v)
+	}
+
+	// A second daemon on b's data directory is refused too (it would
+	// adopt and remove b's sandboxes).
+	run2 := t.TempDir()
+	ctx2, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx2, denBinary(t), "serve", "--data", b.d.data, "--run", run2, "--listen", "unix://"+run2+"/den.sock",
+		"--net=false", "--runtimes", "linux", "--warm", "0", "--storage", "dir")
+	cmd.Env = append(os.Environ(), "DEN_TEST_RUN_DEN=1")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "is using the data directory") || !strings.Contains(string(out), "stop that daemon first") {
+		t.Errorf("a second den serve on a running daemon's data directory: %v\n%s", err, out)
+	}
+	// A daemon that holds no lock (of an earlier release: here, its lock
+	// file is gone) is found by its socket.
+	if err := os.Remove(filepath.Join(b.data, "daemon.lock")); err != nil {
+		t.Fatal(err)
+	}
+	out, err = resetCLI(t, b.d, "--yes")
+	if err == nil || !strings.Contains(out, "a daemon answers on "+b.d.run+"/den.sock") || !strings.Contains(out, "stop it first") {
+		t.Errorf("reset of a running daemon without a lock: %v\n%s", err, out)
+	}
+	if got := b.d.sh(b.sb[0].ID, "echo still"); got != "still\n" {
+		t.Fatalf("b's sandbox after the refused reset says %q", got)
 	}
 
 	// a's sandboxes outlived its kill -9.

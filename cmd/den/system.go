@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,6 +116,15 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 		return err
 	}
 	t.fill(rec, recorded)
+	if t.run != "" {
+		// A daemon of an earlier release takes no lock: its socket says
+		// whether it runs.
+		sock := filepath.Join(t.run, "den.sock")
+		if conn, err := net.Dial("unix", sock); err == nil {
+			conn.Close()
+			return fmt.Errorf("a daemon answers on %s (its run directory): stop it first, then run den system reset again", sock)
+		}
+	}
 	if !*yes {
 		if in, ok := c.stdin.(*os.File); !ok || !isTerminal(in) {
 			return usagef(v, "den system reset stops sandboxes and removes what the daemon made: pass --yes to go ahead")
