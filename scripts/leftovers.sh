@@ -9,7 +9,8 @@ set -euo pipefail
 state() {
   awk '{print "mount " $5}' /proc/self/mountinfo
   ls /run/netns 2>/dev/null | sed 's/^/netns /' || true
-  # A sandbox's cgroup, inside a parent such as den, den-e2e or den-test
+  # A sandbox's cgroup, inside a parent such as den, den-<hash of the data dir>,
+  # den-e2e or den-test
   # (the parents themselves stay, as den serve leaves its own).
   for parent in /sys/fs/cgroup/den* /sys/fs/cgroup/*/den*; do
     [ -d "$parent" ] || continue
