@@ -48,7 +48,7 @@ func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data, cgParent stri
 	mi := api.RuntimeInfo{Name: "microvm"}
 	if !on("microvm") {
 		mi.Reason = "turned off (den serve --runtimes)"
-	} else if m, err := microvm.New(microvm.Config{RunDir: filepath.Join(runDir, "microvm"), StateDir: filepath.Join(data, "microvm"), Network: nw}); err != nil {
+	} else if m, err := microvm.New(microvm.Config{RunDir: filepath.Join(runDir, "microvm"), StateDir: filepath.Join(data, "microvm"), CgroupParent: cgParent, Network: nw}); err != nil {
 		mi.Reason = strings.TrimPrefix(err.Error(), "the microvm tier is unavailable: ")
 	} else {
 		ts.runtimes["microvm"] = m

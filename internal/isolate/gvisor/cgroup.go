@@ -8,7 +8,6 @@ import (
 
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/linux"
-	"golang.org/x/sys/unix"
 )
 
 // cgroups finds a box's groups, which runsc makes (cgroupsPath
@@ -19,9 +18,7 @@ type cgroups struct {
 }
 
 func detectCgroups(root, parent string) cgroups {
-	var st unix.Statfs_t
-	v2 := unix.Statfs(root, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
-	return cgroups{linux.CgroupView{V2: v2, Root: root, Parent: parent}}
+	return cgroups{linux.DetectView(root, parent)}
 }
 
 func write(path, v string) error {

@@ -541,3 +541,61 @@ func cgroupHierarchies(root string) []string {
 	}
 	return out
 }
+
+// DetectView is the view of the groups under parent at root: cgroup v2
+// when root is a cgroup2 filesystem, else v1 hierarchies beneath it. It
+// makes nothing.
+func DetectView(root, parent string) CgroupView {
+	var st unix.Statfs_t
+	v2 := unix.Statfs(root, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+	return CgroupView{V2: v2, Root: root, Parent: parent}
+}
+
+// boxDirs are box id's groups: the one on v2, one per controller den
+// reads on v1.
+func (v CgroupView) boxDirs(id string) []string {
+	if v.V2 {
+		return []string{v.Dir(id, "")}
+	}
+	var d []string
+	for _, c := range v1Controllers {
+		d = append(d, v.Dir(id, c))
+	}
+	return d
+}
+
+// Place puts pid (every thread of it) in box id's groups, making them,
+// without limits: a tier that limits its boxes otherwise (microvm: the
+// guest's memory and CPUs) still keeps them under the daemon's parent,
+// where den system reset finds them and the usage is counted.
+func (v CgroupView) Place(id string, pid int) error {
+	for _, d := range v.boxDirs(id) {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("create cgroup: %w", err)
+		}
+		if err := write(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RemoveGroups removes box id's groups once its processes have exited
+// (waiting briefly for the kernel to let them go). Idempotent.
+func (v CgroupView) RemoveGroups(id string) error {
+	var errs []error
+	for _, d := range v.boxDirs(id) {
+		for try := 0; ; try++ {
+			err := os.Remove(d)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if try == 200 {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w (processes still in it: %s)", d, err, readProcs(d)))
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return errors.Join(errs...)
+}
