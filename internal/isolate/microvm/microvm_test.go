@@ -41,7 +41,7 @@ const testCache = "/var/cache/den-microvm-test"
 
 func testConfig() Config {
 	return Config{
-		RunDir:   filepath.Join("/run/den-test/microvm", strconv.Itoa(os.Getpid())),
+		RunDir:       filepath.Join("/run/den-test/microvm", strconv.Itoa(os.Getpid())),
 		StateDir:     filepath.Join(testCache, "state"),
 		Memory:       256 << 20,
 		CgroupParent: "den-test",
