@@ -245,19 +245,27 @@ func (cg *cgroups) Remove(id string) error {
 		dirs = append([]string{filepath.Join(cg.dir(id, "pids"), "cmds")}, dirs...)
 	}
 	for _, d := range dirs {
-		for i := 0; ; i++ {
-			err := os.Remove(d)
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if i == 200 {
-				last = fmt.Errorf("remove cgroup %s: %w", d, err)
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
+		if err := removeGroup(d, time.Second); err != nil {
+			last = err
 		}
 	}
 	return last
+}
+
+// removeGroup removes the (empty) group d, waiting up to limit for the
+// processes that were in it to be gone. A missing group is no error.
+func removeGroup(d string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := os.Remove(d)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w (processes still in it: %s)", d, err, readProcs(d))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // Usage is a box's live resource use as its cgroups count it.
@@ -490,17 +498,8 @@ func RemoveParent(root, name string) ([]string, error) {
 	}
 	var errs []error
 	for i := len(groups) - 1; i >= 0; i-- {
-		g := groups[i]
-		for try := 0; ; try++ {
-			err := os.Remove(g)
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if try == 400 { // 2s for the killed processes to exit
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w (processes still in it: %s)", g, err, readProcs(g)))
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
+		if err := removeGroup(groups[i], 2*time.Second); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	var gone []string
@@ -585,16 +584,8 @@ func (v CgroupView) Place(id string, pid int) error {
 func (v CgroupView) RemoveGroups(id string) error {
 	var errs []error
 	for _, d := range v.boxDirs(id) {
-		for try := 0; ; try++ {
-			err := os.Remove(d)
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if try == 200 {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w (processes still in it: %s)", d, err, readProcs(d)))
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
+		if err := removeGroup(d, time.Second); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
