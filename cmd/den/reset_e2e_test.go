@@ -182,11 +182,21 @@ func TestSystemReset(t *testing.T) {
 			if s.d == nil {
 				return
 			}
-			// The data directory is gone by now (t.TempDir): the same
-			// path names the same cgroup parent.
+			// The data directory is gone by now (t.TempDir): made
+			// again with the record of what the daemon made.
 			os.MkdirAll(s.d.data, 0o700)
 			defer os.RemoveAll(s.d.data)
-			if out, err := resetCLI(t, s.d, "--yes", "--run", s.d.run, "--bridge", s.br); err != nil {
+			l, err := instance.Acquire(s.d.data)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			err = l.Write(instance.Record{Run: s.d.run, Bridge: s.br, Table: tableOf(s.br), CgroupParent: s.cg})
+			l.Release()
+			if err != nil {
+				t.Error(err)
+			}
+			if out, err := resetCLI(t, s.d, "--yes"); err != nil {
 				t.Errorf("reset at cleanup: %v\n%s", err, out)
 			}
 		})
@@ -338,6 +348,16 @@ func TestSystemReset(t *testing.T) {
 	out, err = resetCLI(t, a.d, "--yes")
 	if err != nil || !strings.Contains(out, "nothing to reset") {
 		t.Errorf("second reset: %v\n%s", err, out)
+	}
+	// Without --yes and a terminal to ask on, nothing is done; a
+	// directory that is not den's is refused (everything mounted under
+	// it would be unmounted).
+	if out, err := resetCLI(t, a.d); err == nil || !strings.Contains(out, "pass --yes") {
+		t.Errorf("reset without --yes: %v\n%s", err, out)
+	}
+	other := &daemon{data: t.TempDir()}
+	if out, err := resetCLI(t, other, "--yes"); err == nil || !strings.Contains(out, "is not a den data directory") {
+		t.Errorf("reset of a directory that is not den's: %v\n%s", err, out)
 	}
 
 	// The next daemon on a's data finds its sandboxes stopped, with

@@ -85,6 +85,9 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 	if len(pos) > 0 {
 		return usagef(v, "system reset takes no arguments (got %q)", pos[0])
 	}
+	if f.isSet("host") || c.host != "" {
+		return usagef(v, "den system reset works on this host's files, not through a daemon: run it on the daemon's host, without --host")
+	}
 	if *data == "" {
 		*data = envOr("DEN_DATA", instance.DefaultData)
 	}
@@ -97,6 +100,14 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 	}
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return fmt.Errorf("no data directory %s: give the daemon's --data with --data DIR", dir)
+	}
+	// Everything mounted under the directory is unmounted: it must be
+	// den's.
+	if !isDataDir(dir) {
+		return fmt.Errorf("%s is not a den data directory (it has no den.db, daemon.json or token): give the daemon's --data with --data DIR", dir)
+	}
+	if _, interactive := terminalFd(c.stdin); !*yes && !interactive {
+		return usagef(v, "den system reset stops sandboxes and removes what the daemon made: pass --yes to go ahead")
 	}
 	lock, err := instance.Acquire(dir)
 	if err != nil {
@@ -126,9 +137,6 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 		}
 	}
 	if !*yes {
-		if in, ok := c.stdin.(*os.File); !ok || !isTerminal(in) {
-			return usagef(v, "den system reset stops sandboxes and removes what the daemon made: pass --yes to go ahead")
-		}
 		fmt.Fprintf(c.stderr, "Reset den on %s: stop its sandboxes, remove its mounts, loop devices, bridge, nftables table, cgroups and run directory%s? [y/N] ", dir, map[bool]string{true: ", and DELETE the data directory", false: ""}[*purge])
 		ans, _ := bufio.NewReader(c.stdin).ReadString('\n')
 		if a := strings.ToLower(strings.TrimSpace(ans)); a != "y" && a != "yes" {
@@ -176,6 +184,17 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 		return exitError(1)
 	}
 	return nil
+}
+
+// isDataDir says whether dir holds what den serve makes in its data
+// directory.
+func isDataDir(dir string) bool {
+	for _, f := range []string{"den.db", "daemon.json", "token"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // resetTarget is what den system reset removes: a daemon's data
