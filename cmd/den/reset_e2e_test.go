@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,7 +63,7 @@ func (h hostView) String() string {
 
 // viewOf lists what of d (bridge br, cgroup parent cg, sandbox init pids)
 // the host shows.
-func viewOf(t *testing.T, d *daemon, data, br, cg string, pids []int) hostView {
+func viewOf(t *testing.T, d *daemon, data, br, cg string, pids []int, ports ...string) hostView {
 	t.Helper()
 	var h hostView
 	mi, err := os.ReadFile("/proc/self/mountinfo")
@@ -86,8 +87,15 @@ func viewOf(t *testing.T, d *daemon, data, br, cg string, pids []int) hostView {
 		t.Fatalf("ip link: %v", err)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && strings.TrimSuffix(f[1], ":") == br {
-			h.links = append(h.links, br)
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		// The bridge, its ports (the sandboxes' veths), and any link
+		// left of a port seen before.
+		if name == br || slices.Contains(f, "master") && f[slices.Index(f, "master")+1] == br || slices.Contains(ports, name) {
+			h.links = append(h.links, name)
 		}
 	}
 	out, err = exec.Command("nft", "list", "tables").Output()
@@ -258,7 +266,7 @@ func TestSystemReset(t *testing.T) {
 	}
 	va, vb := viewOf(t, a.d, a.data, a.br, a.cg, a.pids), viewOf(t, b.d, b.data, b.br, b.cg, b.pids)
 	for _, v := range []hostView{va, vb} {
-		if len(v.links) == 0 || len(v.tables) == 0 || len(v.cgroups) == 0 || len(v.procs) == 0 || len(v.mounts) == 0 {
+		if len(v.links) < 2 || len(v.tables) == 0 || len(v.cgroups) == 0 || len(v.procs) == 0 || len(v.mounts) == 0 {
 			t.Fatalf("a running daemon's things are not all visible:\n%s", v)
 		}
 	}
@@ -325,7 +333,7 @@ func TestSystemReset(t *testing.T) {
 	if kinds["sandbox"] != len(a.sb) || kinds["cgroup"] == 0 || kinds["network"] < 2 || kinds["run_dir"] != 1 || kinds["mount"] == 0 {
 		t.Errorf("reset reports %v, want %d sandboxes, cgroups, the bridge and table, mounts and the run directory:\n%s", kinds, len(a.sb), out)
 	}
-	if v := viewOf(t, a.d, a.data, a.br, a.cg, a.pids); !v.empty() {
+	if v := viewOf(t, a.d, a.data, a.br, a.cg, a.pids, va.links...); !v.empty() {
 		t.Errorf("after reset, the host still has daemon a's:\n%s", v)
 	}
 	if _, err := os.Stat(a.d.run); !os.IsNotExist(err) {
