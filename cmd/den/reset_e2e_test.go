@@ -387,3 +387,56 @@ func TestSystemReset(t *testing.T) {
 		t.Errorf("restarted sandbox says %q", got)
 	}
 }
+
+// TestSystemResetOnlyDens checks what reset refuses to touch when told by
+// flags rather than by the daemon's record: a run directory that is not
+// den's (everything under it would be unmounted and removed), and a
+// bridge without den's nftables table; while a bridge with it (the
+// control) is removed with its table.
+func TestSystemResetOnlyDens(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("den system reset needs root")
+	}
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+	}
+	d := &daemon{data: t.TempDir()}
+	os.WriteFile(filepath.Join(d.data, "token"), []byte("x\n"), 0o600) // den serve's first file
+	notDens := t.TempDir()
+	os.WriteFile(filepath.Join(notDens, "precious"), []byte("x"), 0o600)
+	out, err := resetCLI(t, d, "--yes", "--run", notDens)
+	if err == nil || !strings.Contains(out, "is not a den run directory") {
+		t.Errorf("reset with --run of a directory that is not den's: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(notDens, "precious")); err != nil {
+		t.Fatalf("reset touched a run directory that is not den's: %v", err)
+	}
+	run := filepath.Join(t.TempDir(), "run")
+	n := os.Getpid() % 100000
+	for _, tc := range []struct {
+		br   string
+		dens bool
+	}{{fmt.Sprintf("drn%d", n), false}, {fmt.Sprintf("drd%d", n), true}} {
+		if out, err := exec.Command("ip", "link", "add", tc.br, "type", "bridge").CombinedOutput(); err != nil {
+			t.Fatalf("ip link add: %v: %s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("ip", "link", "del", tc.br).Run() })
+		if tc.dens {
+			if out, err := exec.Command("nft", "add", "table", "inet", tableOf(tc.br)).CombinedOutput(); err != nil {
+				t.Fatalf("nft add table: %v: %s", err, out)
+			}
+			t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", tableOf(tc.br)).Run() })
+		}
+		out, err := resetCLI(t, d, "--yes", "--run", run, "--bridge", tc.br)
+		_, linkErr := exec.Command("ip", "link", "show", tc.br).CombinedOutput()
+		if tc.dens {
+			if err != nil || linkErr == nil || !strings.Contains(out, "bridge "+tc.br) || !strings.Contains(out, "nftables table inet "+tableOf(tc.br)) {
+				t.Errorf("reset --bridge %s (den's table there): %v, link still there: %v\n%s", tc.br, err, linkErr == nil, out)
+			}
+		} else if err == nil || linkErr != nil || !strings.Contains(out, "so it is not den's: not removing it") {
+			t.Errorf("reset --bridge %s (no den table): %v, link removed: %v\n%s", tc.br, err, linkErr != nil, out)
+		}
+	}
+}

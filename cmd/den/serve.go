@@ -195,6 +195,8 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("linux runtime: %w", err)
 	}
+	// Run last: with no box left, the daemon's cgroup parent goes too.
+	defer linux.RemoveParentIfEmpty("/sys/fs/cgroup", cgParent)
 	tiers := setupTiers(log, rt, *runDir, *data, cgParent, nw, rec.Runtimes, *runscPath, *runscPlatform)
 	for _, in := range tiers.info {
 		if in.Name == "gvisor" && in.Available {

@@ -128,6 +128,9 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 	}
 	t.fill(rec, recorded)
 	if t.run != "" {
+		if err := checkRunDir(t.run, t.run == rec.Run); err != nil {
+			return err
+		}
 		// A daemon of an earlier release takes no lock: its socket says
 		// whether it runs.
 		sock := filepath.Join(t.run, "den.sock")
@@ -164,6 +167,12 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 	if t.run == "" {
 		fail(fmt.Errorf("no run directory recorded in %s: pass the daemon's --run with --run DIR to remove it", filepath.Join(dir, "daemon.json")))
 	}
+	if t.bridge != "" && t.bridge != rec.Bridge && !linux.HasTable(t.table) {
+		// Named on the command line, not recorded: den's only if den's
+		// table for it is there (never delete another program's bridge).
+		fail(fmt.Errorf("bridge %s: no nftables table inet %s, so it is not den's: not removing it", t.bridge, t.table))
+		t.bridge, t.table = "", ""
+	}
 	t.reset(note, fail)
 	if *purge {
 		lock.Release()
@@ -184,6 +193,30 @@ func cmdSystemReset(c *cli, v *verb, args []string) error {
 		return exitError(1)
 	}
 	return nil
+}
+
+// checkRunDir refuses a run directory that is not den's: everything
+// mounted under it is unmounted and it is removed. The one the daemon
+// recorded is; another must be missing, empty, or hold what den serve
+// makes there.
+func checkRunDir(run string, recorded bool) error {
+	if run == "/" || !filepath.IsAbs(run) {
+		return fmt.Errorf("run directory %q: not a den run directory", run)
+	}
+	if recorded {
+		return nil
+	}
+	ents, err := os.ReadDir(run)
+	if err != nil || len(ents) == 0 {
+		return nil
+	}
+	for _, e := range ents {
+		switch e.Name() {
+		case "den.sock", "linux", "gvisor", "microvm":
+			return nil
+		}
+	}
+	return fmt.Errorf("%s is not a den run directory (no den.sock, linux, gvisor or microvm in it): give the daemon's --run with --run DIR", run)
 }
 
 // isDataDir says whether dir holds what den serve makes in its data

@@ -590,3 +590,15 @@ func (v CgroupView) RemoveGroups(id string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// RemoveParentIfEmpty removes the parent group name from each hierarchy
+// at root where no box group is left in it (den serve at its end: boxes
+// outlive the daemon, and their parent stays with them).
+func RemoveParentIfEmpty(root, name string) {
+	if name == "" || strings.Contains(name, "/") || name == "." || name == ".." {
+		return
+	}
+	for _, h := range cgroupHierarchies(root) {
+		os.Remove(filepath.Join(h, name)) // ENOTEMPTY/EBUSY: boxes remain
+	}
+}

@@ -836,6 +836,11 @@ func listedGuards(table string) (devs [2][]string) {
 	return devs
 }
 
+// HasTable reports whether the nftables table (family inet) exists.
+func HasTable(table string) bool {
+	return exec.Command("nft", "list", "table", "inet", table).Run() == nil
+}
+
 // RemoveNetwork deletes what NewNetwork made for bridge, for den system
 // reset once no daemon uses it: the nftables table (its name from
 // TableName when table is ""), after turning forwarding off again on the
@@ -847,7 +852,7 @@ func RemoveNetwork(bridge, table string) ([]string, error) {
 	}
 	var gone []string
 	var errs []error
-	if exec.Command("nft", "list", "table", "inet", table).Run() == nil {
+	if HasTable(table) {
 		for fam, devs := range listedGuards(table) {
 			for _, dev := range devs {
 				if setSysctl(forwardingKey(fam, dev), "0") == nil {
