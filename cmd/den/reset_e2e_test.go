@@ -318,10 +318,12 @@ func TestSystemReset(t *testing.T) {
 	if v := viewOf(t, a.d, a.data, a.br, a.cg, a.pids); len(v.procs) < len(a.sb) {
 		t.Fatalf("a's sandboxes did not outlive the daemon:\n%s", v)
 	}
+	t0 := time.Now()
 	out, err = resetCLI(t, a.d, "--yes", "--json", "-v")
 	if err != nil {
 		t.Fatalf("reset: %v\n%s", err, out)
 	}
+	t.Logf("den system reset of %d sandboxes (%s) after kill -9: %v", len(a.sb), strings.Join(tiers, ", "), time.Since(t0))
 	var rep resetReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("reset --json: %v\n%s", err, out)
