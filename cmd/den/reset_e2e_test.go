@@ -298,7 +298,7 @@ func TestSystemReset(t *testing.T) {
 	cmd := exec.CommandContext(ctx2, denBinary(t), "serve", "--data", b.d.data, "--run", run2, "--listen", "unix://"+run2+"/den.sock",
 		"--net=false", "--runtimes", "linux", "--warm", "0", "--storage", "dir")
 	cmd.Env = append(os.Environ(), "DEN_TEST_RUN_DEN=1")
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "is using the data directory") || !strings.Contains(string(out), "stop that daemon first") {
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "is using the data directory") || !strings.Contains(string(out), "stop it first, or give this daemon another --data") {
 		t.Errorf("a second den serve on a running daemon's data directory: %v\n%s", err, out)
 	}
 	// A daemon that holds no lock (of an earlier release: here, its lock

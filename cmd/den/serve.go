@@ -130,7 +130,7 @@ func cmdServe(args []string) error {
 	if err != nil {
 		var busy *instance.BusyError
 		if errors.As(err, &busy) {
-			return fmt.Errorf("%w: stop that daemon first, or give this one another --data", err)
+			return fmt.Errorf("%w: stop it first, or give this daemon another --data", err)
 		}
 		return err
 	}
