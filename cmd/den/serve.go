@@ -39,7 +39,10 @@ The daemon answers the HTTP API on a unix socket (root only) and, when
 asked, on TCP with a bearer token. The token is created at first start in
 DATA/token (mode 0600); clients on the same host read it from there, others
 pass it in DEN_TOKEN. State lives in DATA/den.db (SQLite). Sandboxes keep
-running when the daemon stops; the next daemon reattaches to them.
+running when the daemon stops; the next daemon reattaches to them. One
+daemon per data directory (DATA/daemon.lock); its sandboxes' cgroups are
+under a parent named after it. After a stop or crash, den system reset
+removes everything the daemon left on the host (see den system reset -h).
 
 Flags:
 `
