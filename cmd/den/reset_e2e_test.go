@@ -370,6 +370,22 @@ func TestSystemReset(t *testing.T) {
 		t.Errorf("reset of a directory that is not den's: %v\n%s", err, out)
 	}
 
+	// b after a crash: the next daemon on its data directory has the
+	// same cgroup parent, so it finds its box's groups again (memory and
+	// pids are read from them).
+	b.d.kill9()
+	os.Remove(filepath.Join(b.d.run, "den.sock"))
+	b.d.start()
+	if got := boxCgroup(t, b.sb[0].Pid); got != "/"+b.cg+"/"+b.sb[0].ID {
+		t.Errorf("b's box after b's restart: cgroup %s", got)
+	}
+	if st, err := b.d.c.Stats(ctx, b.sb[0].ID); err != nil || st.Pids == 0 || st.Memory == 0 {
+		t.Errorf("b's box after b's restart: stats %+v, %v: its groups were not found", st, err)
+	}
+	if got := b.d.sh(b.sb[0].ID, "echo again"); got != "again\n" {
+		t.Errorf("b's sandbox after b's restart says %q", got)
+	}
+
 	// The next daemon on a's data finds its sandboxes stopped, with
 	// their files, and starts them.
 	a.d.start()
