@@ -169,6 +169,22 @@ func cmdServe(args []string) error {
 		log.Warn("den's storage reserve is not enforced by the kernel", "why", st.Why())
 	}
 	log.Info("storage", "kind", st.Kind(), "size", api.Size(st.Size()), "reserve", api.Size(st.Reserve()), "default_disk", api.Size(disk))
+	// Recorded before the bridge, the run directory and the cgroup parent
+	// are made, so that den system reset finds them all after a crash.
+	rec := instance.Record{Started: time.Now().UTC(), Run: *runDir, CgroupParent: cgParent,
+		Runtimes: strings.Split(*runtimes, ","), Runsc: *runscPath, Platform: *runscPlatform}
+	if abs, err := filepath.Abs(*runDir); err == nil {
+		rec.Run = abs
+	}
+	if *netOn {
+		rec.Bridge, rec.Table = *bridge, linux.TableName(*bridge)
+	} else if prev, ok, _ := instance.Read(canon); ok {
+		// No network now: the bridge an earlier start made stays there.
+		rec.Bridge, rec.Table = prev.Bridge, prev.Table
+	}
+	if err := lock.Write(rec); err != nil {
+		return fmt.Errorf("record the daemon in %s: %w", *data, err)
+	}
 	var nw *linux.Network
 	if *netOn {
 		pfx, err := netip.ParsePrefix(*subnet)
@@ -180,19 +196,6 @@ func cmdServe(args []string) error {
 			log.Warn("sandbox networking is off", "err", err)
 			nw = nil
 		}
-	}
-	rec := instance.Record{Started: time.Now().UTC(), Run: *runDir, CgroupParent: cgParent,
-		Runtimes: strings.Split(*runtimes, ","), Runsc: *runscPath, Platform: *runscPlatform}
-	if abs, err := filepath.Abs(*runDir); err == nil {
-		rec.Run = abs
-	}
-	if nw != nil {
-		rec.Bridge, rec.Table = *bridge, nw.Table()
-	}
-	// Recorded before anything is made under the run directory or in the
-	// cgroup parent, so that den system reset finds it all after a crash.
-	if err := lock.Write(rec); err != nil {
-		return fmt.Errorf("record the daemon in %s: %w", *data, err)
 	}
 	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux"), CgroupName: cgParent, Network: nw})
 	if err != nil {

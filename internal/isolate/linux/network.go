@@ -162,9 +162,6 @@ func TableName(bridge string) string {
 	}, bridge)
 }
 
-// Table is the nftables table of the network's rules.
-func (n *Network) Table() string { return n.cfg.Table }
-
 // NewNetwork creates (or adopts) the bridge and installs the rules. The
 // UDP allowances of sandboxes still running from a previous daemon are
 // kept.
