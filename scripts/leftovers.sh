@@ -9,11 +9,17 @@ set -euo pipefail
 state() {
   awk '{print "mount " $5}' /proc/self/mountinfo
   ls /run/netns 2>/dev/null | sed 's/^/netns /' || true
-  # A sandbox's cgroup, inside a parent such as den, den-e2e or den-test
+  # A sandbox's cgroup, inside a parent such as den, den-<hash of the data dir>,
+  # den-e2e or den-test
   # (the parents themselves stay, as den serve leaves its own).
   for parent in /sys/fs/cgroup/den* /sys/fs/cgroup/*/den*; do
     [ -d "$parent" ] || continue
     find "$parent" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sed 's/^/cgroup /'
+    # A per-daemon parent (den- and 12 hex digits of its data directory's
+    # hash) goes when its daemon ends with no box left.
+    case "${parent##*/}" in
+      den-[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]) echo "cgroup-parent $parent" ;;
+    esac
   done
   losetup -n -O NAME,BACK-FILE 2>/dev/null | awk '{print "loop " $1 " " $2}' || true
   ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print "link " $2}'

@@ -66,7 +66,7 @@ func init() {
 		verbPort, verbPortLs, verbPortRm, verbForward,
 		verbSSH, verbSSHKey, verbSSHKeyAdd, verbSSHKeyLs, verbSSHKeyRm,
 		verbImage, verbImageLs, verbImagePull, verbImageBuild, verbImageImport, verbImageSave, verbImageRm, verbImageInspect, verbImagePrune,
-		verbEvents, verbInfo, verbVersion, verbBench, verbMCP, verbServe, verbHelp,
+		verbEvents, verbInfo, verbSystem, verbSystemReset, verbVersion, verbBench, verbMCP, verbServe, verbHelp,
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/image"
+	"github.com/den-dev/den/internal/instance"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
@@ -39,7 +40,10 @@ The daemon answers the HTTP API on a unix socket (root only) and, when
 asked, on TCP with a bearer token. The token is created at first start in
 DATA/token (mode 0600); clients on the same host read it from there, others
 pass it in DEN_TOKEN. State lives in DATA/den.db (SQLite). Sandboxes keep
-running when the daemon stops; the next daemon reattaches to them.
+running when the daemon stops; the next daemon reattaches to them. One
+daemon per data directory (DATA/daemon.lock); its sandboxes' cgroups are
+under a parent named after it. After a stop or crash, den system reset
+removes everything the daemon left on the host (see den system reset -h).
 
 Flags:
 `
@@ -119,6 +123,23 @@ func cmdServe(args []string) error {
 	if err := os.MkdirAll(*data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	// The data directory is this daemon's alone (a second daemon on it
+	// would adopt and remove the first one's sandboxes), and its identity:
+	// the cgroup parent of its boxes is named after it.
+	canon, err := instance.Canonical(*data)
+	if err != nil {
+		return err
+	}
+	lock, err := instance.Acquire(canon)
+	if err != nil {
+		var busy *instance.BusyError
+		if errors.As(err, &busy) {
+			return fmt.Errorf("%w: stop it first, or give this daemon another --data", err)
+		}
+		return err
+	}
+	defer lock.Release()
+	cgParent := instance.CgroupParent(canon)
 	token, err := loadToken(filepath.Join(*data, "token"))
 	if err != nil {
 		return err
@@ -149,6 +170,22 @@ func cmdServe(args []string) error {
 		log.Warn("den's storage reserve is not enforced by the kernel", "why", st.Why())
 	}
 	log.Info("storage", "kind", st.Kind(), "size", api.Size(st.Size()), "reserve", api.Size(st.Reserve()), "default_disk", api.Size(disk))
+	// Recorded before the bridge, the run directory and the cgroup parent
+	// are made, so that den system reset finds them all after a crash.
+	rec := instance.Record{Started: time.Now().UTC(), Run: *runDir, CgroupParent: cgParent,
+		Runtimes: strings.Split(*runtimes, ","), Runsc: *runscPath, Platform: *runscPlatform}
+	if abs, err := filepath.Abs(*runDir); err == nil {
+		rec.Run = abs
+	}
+	if *netOn {
+		rec.Bridge, rec.Table = *bridge, host.TableName(*bridge)
+	} else if prev, ok, _ := instance.Read(canon); ok {
+		// No network now: the bridge an earlier start made stays there.
+		rec.Bridge, rec.Table = prev.Bridge, prev.Table
+	}
+	if err := lock.Write(rec); err != nil {
+		return fmt.Errorf("record the daemon in %s: %w", *data, err)
+	}
 	var nw *host.Network
 	if *netOn {
 		pfx, err := netip.ParsePrefix(*subnet)
@@ -161,11 +198,23 @@ func cmdServe(args []string) error {
 			nw = nil
 		}
 	}
-	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux"), Network: nw})
+	rt, err := linux.New(linux.Config{RunDir: filepath.Join(*runDir, "linux"), CgroupName: cgParent, Network: nw})
 	if err != nil {
 		return fmt.Errorf("linux runtime: %w", err)
 	}
-	tiers := setupTiers(log, rt, *runDir, *data, nw, strings.Split(*runtimes, ","), *runscPath, *runscPlatform)
+	// Run last: with no box left, the daemon's cgroup parent goes too.
+	defer host.RemoveParentIfEmpty("/sys/fs/cgroup", cgParent)
+	tiers := setupTiers(log, rt, *runDir, *data, cgParent, nw, rec.Runtimes, *runscPath, *runscPlatform)
+	for _, in := range tiers.info {
+		if in.Name == "gvisor" && in.Available {
+			// The runsc and platform found, so that den system reset
+			// reattaches to the boxes with the same ones.
+			rec.Runsc, rec.Platform = in.Details["runsc_path"], in.Details["platform"]
+			if err := lock.Write(rec); err != nil {
+				return fmt.Errorf("record the daemon in %s: %w", *data, err)
+			}
+		}
+	}
 	defRT, err := tiers.defaultTier(*defRuntime)
 	if err != nil {
 		return err

@@ -26,8 +26,8 @@ type tierSet struct {
 // where this host can run them (and enabled names them), and records for
 // every tier whether it runs here, how, and if not, why. runsc and
 // platform are the gvisor tier's ("" for runsc on PATH, and the fastest
-// platform that works).
-func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data string, nw *host.Network, enabled []string, runsc, platform string) tierSet {
+// platform that works); cgParent is the daemon's cgroup parent.
+func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data, cgParent string, nw *host.Network, enabled []string, runsc, platform string) tierSet {
 	ts := tierSet{runtimes: map[string]isolate.Runtime{"linux": rt}, unavailable: map[string]string{}}
 	on := func(name string) bool { return slices.Contains(enabled, name) }
 	ts.info = append(ts.info, api.RuntimeInfo{Name: "linux", Available: true,
@@ -36,7 +36,7 @@ func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data string, nw *ho
 	gi := api.RuntimeInfo{Name: "gvisor"}
 	if !on("gvisor") {
 		gi.Reason = "turned off (den serve --runtimes)"
-	} else if g, err := gvisor.New(gvisor.Config{RunDir: filepath.Join(runDir, "gvisor"), Runsc: runsc, Platform: platform, Network: nw}); err != nil {
+	} else if g, err := gvisor.New(gvisor.Config{RunDir: filepath.Join(runDir, "gvisor"), CgroupParent: cgParent, Runsc: runsc, Platform: platform, Network: nw}); err != nil {
 		gi.Reason = strings.TrimPrefix(err.Error(), "gvisor: ")
 	} else {
 		ts.runtimes["gvisor"] = g
@@ -49,7 +49,7 @@ func setupTiers(log *slog.Logger, rt *linux.Runtime, runDir, data string, nw *ho
 	mi := api.RuntimeInfo{Name: "microvm"}
 	if !on("microvm") {
 		mi.Reason = "turned off (den serve --runtimes)"
-	} else if m, err := microvm.New(microvm.Config{RunDir: filepath.Join(runDir, "microvm"), StateDir: filepath.Join(data, "microvm"), Network: nw}); err != nil {
+	} else if m, err := microvm.New(microvm.Config{RunDir: filepath.Join(runDir, "microvm"), StateDir: filepath.Join(data, "microvm"), CgroupParent: cgParent, Network: nw}); err != nil {
 		mi.Reason = strings.TrimPrefix(err.Error(), "the microvm tier is unavailable: ")
 	} else {
 		ts.runtimes["microvm"] = m

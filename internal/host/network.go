@@ -2,6 +2,7 @@ package host
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"net"
@@ -144,6 +145,21 @@ func NoLinkLocal(h *netlink.Handle, l netlink.Link) error {
 	return nil
 }
 
+// TableName is the nftables table (family inet) of bridge's rules: one
+// table per bridge, so two daemons on one host (each with its own
+// --bridge) never replace each other's rules.
+func TableName(bridge string) string {
+	if bridge == "den0" || bridge == "" {
+		return "den"
+	}
+	return "den_" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, bridge)
+}
+
 // NewNetwork creates (or adopts) the bridge and installs the rules. The
 // UDP allowances of sandboxes still running from a previous daemon are
 // kept.
@@ -152,17 +168,7 @@ func NewNetwork(cfg NetworkConfig) (*Network, error) {
 		cfg.Bridge = "den0"
 	}
 	if cfg.Table == "" {
-		// One table per bridge: two daemons on one host (each with its
-		// own --bridge) must not replace each other's rules.
-		cfg.Table = "den"
-		if cfg.Bridge != "den0" {
-			cfg.Table = "den_" + strings.Map(func(r rune) rune {
-				if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-					return r
-				}
-				return '_'
-			}, cfg.Bridge)
-		}
+		cfg.Table = TableName(cfg.Bridge)
 	}
 	if !cfg.Subnet.IsValid() {
 		cfg.Subnet = netip.MustParsePrefix("10.88.0.0/16")
@@ -738,15 +744,9 @@ func (n *Network) udpElements() (u4, u6 []string) {
 // (its sandboxes may still run) into n.udp, so that replacing the table
 // keeps them.
 func (n *Network) restoreUDP() {
-	for fam, set := range []string{"guard4", "guard6"} {
-		out, err := exec.Command("nft", "list", "set", "inet", n.cfg.Table, set).Output()
-		if err != nil {
-			continue
-		}
-		for _, el := range listedElements(string(out)) {
-			if dev, err := strconv.Unquote(el); err == nil {
-				n.guards[fam][dev] = true
-			}
+	for fam, devs := range listedGuards(n.cfg.Table) {
+		for _, dev := range devs {
+			n.guards[fam][dev] = true
 		}
 	}
 	for _, set := range []string{"udp4", "udp6"} {
@@ -772,6 +772,67 @@ func (n *Network) restoreUDP() {
 			}
 		}
 	}
+}
+
+// listedGuards reads the uplinks of the sets guard4 and guard6 of table:
+// those den turned forwarding on.
+func listedGuards(table string) (devs [2][]string) {
+	for fam, set := range []string{"guard4", "guard6"} {
+		out, err := exec.Command("nft", "list", "set", "inet", table, set).Output()
+		if err != nil {
+			continue
+		}
+		for _, el := range listedElements(string(out)) {
+			if dev, err := strconv.Unquote(el); err == nil {
+				devs[fam] = append(devs[fam], dev)
+			}
+		}
+	}
+	return devs
+}
+
+// HasTable reports whether the nftables table (family inet) exists.
+func HasTable(table string) bool {
+	return exec.Command("nft", "list", "table", "inet", table).Run() == nil
+}
+
+// RemoveNetwork deletes what NewNetwork made for bridge, for den system
+// reset once no daemon uses it: the nftables table (its name from
+// TableName when table is ""), after turning forwarding off again on the
+// uplinks its guard sets name (den turned it on there), and the bridge. It
+// returns what it removed: nothing when neither exists.
+func RemoveNetwork(bridge, table string) ([]string, error) {
+	if table == "" {
+		table = TableName(bridge)
+	}
+	var gone []string
+	var errs []error
+	if HasTable(table) {
+		for fam, devs := range listedGuards(table) {
+			for _, dev := range devs {
+				if setSysctl(forwardingKey(fam, dev), "0") == nil {
+					gone = append(gone, "forwarding on "+dev+" (den had turned it on)")
+				}
+			}
+		}
+		if out, err := exec.Command("nft", "delete", "table", "inet", table).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("delete nftables table inet %s: %v: %s", table, err, bytes.TrimSpace(out)))
+		} else {
+			gone = append(gone, "nftables table inet "+table)
+		}
+	}
+	if bridge != "" {
+		if l, err := netlink.LinkByName(bridge); err == nil {
+			if _, ok := l.(*netlink.Bridge); !ok {
+				errs = append(errs, fmt.Errorf("link %s is a %s, not den's bridge: not removing it", bridge, l.Type()))
+			} else if err := netlink.LinkDel(l); err != nil {
+				errs = append(errs, fmt.Errorf("delete bridge %s: %w", bridge, err))
+			} else {
+				gone = append(gone, "bridge "+bridge)
+			}
+		}
+	}
+	return gone, errors.Join(errs...)
 }
 
 // listedElements extracts the elements of "nft list set" output.

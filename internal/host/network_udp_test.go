@@ -108,3 +108,50 @@ func testNetworkConfig(t *testing.T, prefix, table string, net int) NetworkConfi
 	})
 	return cfg
 }
+
+// RemoveNetwork (den system reset) deletes the table and the bridge and
+// turns forwarding off again on the uplinks den turned it on; a second
+// call finds nothing.
+func TestRemoveNetwork(t *testing.T) {
+	cfg := testNetworkConfig(t, "denr", "denrm", 203)
+	n, err := NewNetwork(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SetUDPAllow(0, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}); err != nil {
+		t.Fatal(err)
+	}
+	guards := listedGuards(cfg.Table)
+	t.Logf("uplinks den turned forwarding on: %v", guards)
+	for fam, devs := range guards {
+		for _, dev := range devs {
+			if sysctlValue(forwardingKey(fam, dev)) != "1" {
+				t.Fatalf("%s: forwarding not on under a guard", dev)
+			}
+		}
+	}
+	gone, err := RemoveNetwork(cfg.Bridge, cfg.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(gone, "\n")
+	if !strings.Contains(joined, "nftables table inet "+cfg.Table) || !strings.Contains(joined, "bridge "+cfg.Bridge) {
+		t.Errorf("removed %q", gone)
+	}
+	if HasTable(cfg.Table) {
+		t.Errorf("table %s is still there", cfg.Table)
+	}
+	if _, err := netlink.LinkByName(cfg.Bridge); err == nil {
+		t.Errorf("bridge %s is still there", cfg.Bridge)
+	}
+	for fam, devs := range guards {
+		for _, dev := range devs {
+			if v := sysctlValue(forwardingKey(fam, dev)); v != "0" {
+				t.Errorf("%s: forwarding is %s after RemoveNetwork, want 0 (as before den)", dev, v)
+			}
+		}
+	}
+	if gone, err := RemoveNetwork(cfg.Bridge, cfg.Table); err != nil || len(gone) != 0 {
+		t.Errorf("second RemoveNetwork: %q, %v", gone, err)
+	}
+}

@@ -247,17 +247,63 @@ func limitDirty(fsid string) error {
 func waitLoopsGone(image string, limit time.Duration) {
 	deadline := time.Now().Add(limit)
 	for {
-		busy := false
-		files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-		for _, f := range files {
-			if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == image {
-				busy = true
-				break
-			}
-		}
+		busy := len(loopsBacking(func(file string) bool { return file == image })) > 0
 		if !busy || time.Now().After(deadline) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// loopsBacking lists the loop devices (/dev/loopN) whose backing file
+// match accepts.
+func loopsBacking(match func(file string) bool) []string {
+	var devs []string
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		file := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if match(file) {
+			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f))))
+		}
+	}
+	return devs
+}
+
+// DetachLoops detaches every loop device backed by a file under dir (den
+// system reset, once nothing is mounted from them) and returns them as
+// "/dev/loopN (FILE)".
+func DetachLoops(dir string) ([]string, error) {
+	dir = filepath.Clean(dir)
+	var gone []string
+	var errs []error
+	under := func(file string) bool { return strings.HasPrefix(file, dir+"/") }
+	for _, dev := range loopsBacking(under) {
+		b, _ := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop/backing_file"))
+		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", dev, err))
+			continue
+		}
+		err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+		unix.Close(fd)
+		if err != nil && !errors.Is(err, unix.ENXIO) { // ENXIO: it detached meanwhile (autoclear)
+			errs = append(errs, fmt.Errorf("detach %s: %w", dev, err))
+			continue
+		}
+		gone = append(gone, dev+" ("+strings.TrimSpace(string(b))+")")
+	}
+	// LOOP_CLR_FD on a device still open elsewhere only marks it
+	// autoclear: wait (briefly) until the kernel lets them go.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(loopsBacking(under)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if left := loopsBacking(under); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("loop devices still backed by files under %s (open elsewhere?): %s", dir, strings.Join(left, ", ")))
+	}
+	return gone, errors.Join(errs...)
 }

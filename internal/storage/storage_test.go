@@ -440,3 +440,75 @@ func kernelAtLeast(major, minor int) bool {
 	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi)
 	return ma > major || ma == major && mi >= minor
 }
+
+// TestDetachLoops attaches a loop device (without autoclear, as losetup
+// does) to a file under a directory and one outside it: DetachLoops
+// detaches the first (the kernel's /sys/block view agrees) and leaves the
+// other.
+func TestDetachLoops(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("loop devices need root")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("no loop devices here")
+	}
+	dir, other := t.TempDir(), t.TempDir()
+	attach := func(d string) string {
+		img := filepath.Join(d, "disk.img")
+		if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		dev, fd, err := attachLoop(img)
+		if err != nil {
+			t.Skipf("cannot attach a loop device: %v", err)
+		}
+		// No autoclear: closing leaves it attached, as after a crash of
+		// a program that set it up so.
+		info, err := unix.IoctlLoopGetStatus64(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info.Flags &^= unix.LO_FLAGS_AUTOCLEAR
+		if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		t.Cleanup(func() {
+			if fd, err := unix.Open(dev, unix.O_RDONLY, 0); err == nil {
+				unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+				unix.Close(fd)
+			}
+		})
+		return dev
+	}
+	in, out := attach(dir), attach(other)
+	backed := func(d string) []string {
+		var devs []string
+		files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), d+"/") {
+				devs = append(devs, f)
+			}
+		}
+		return devs
+	}
+	if len(backed(dir)) != 1 || len(backed(other)) != 1 {
+		t.Fatalf("loop devices not attached: %q %q", backed(dir), backed(other))
+	}
+	gone, err := DetachLoops(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gone) != 1 || !strings.HasPrefix(gone[0], in+" ") {
+		t.Errorf("detached %q, want %s", gone, in)
+	}
+	if b := backed(dir); len(b) != 0 {
+		t.Errorf("still backed by files under %s: %q", dir, b)
+	}
+	if len(backed(other)) != 1 {
+		t.Errorf("%s (outside the directory) was detached", out)
+	}
+	if gone, err := DetachLoops(dir); err != nil || len(gone) != 0 {
+		t.Errorf("second run: %q, %v", gone, err)
+	}
+}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/den-dev/den/internal/host"
 	"github.com/den-dev/den/internal/isolate"
-	"golang.org/x/sys/unix"
 )
 
 // cgroups finds a box's groups, which runsc makes (cgroupsPath
@@ -19,9 +18,7 @@ type cgroups struct {
 }
 
 func detectCgroups(root, parent string) cgroups {
-	var st unix.Statfs_t
-	v2 := unix.Statfs(root, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
-	return cgroups{host.CgroupView{V2: v2, Root: root, Parent: parent}}
+	return cgroups{host.DetectView(root, parent)}
 }
 
 func write(path, v string) error {

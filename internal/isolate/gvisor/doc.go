@@ -17,8 +17,8 @@
 // bridge slot; gVisor's netstack takes that interface over, so den's
 // nftables rules and egress proxy apply as on the linux tier (a network
 // cannot be attached or detached while the box runs: no Networker).
-// Limits are runsc's cgroups (parent "den", as the linux tier; SetLimits
-// writes them directly); gVisor's kernel sizes its memory by the limit,
+// Limits are runsc's cgroups (under the daemon's parent, as the linux
+// tier's; SetLimits writes them directly); gVisor's kernel sizes its memory by the limit,
 // and a box exceeding it is OOM-killed as a whole. Pause, checkpoint and
 // restore are runsc's; a checkpoint that keeps the box running restores it
 // at once into a new sandbox (this runsc's --leave-running cannot be used

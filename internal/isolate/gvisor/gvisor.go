@@ -39,8 +39,8 @@ type Config struct {
 	// Network, if set, connects boxes whose spec asks for it.
 	Network *host.Network
 	// CgroupRoot is where cgroups are mounted (default /sys/fs/cgroup),
-	// CgroupParent the group boxes are made in (default "den", as the
-	// linux tier: box <id> is den/<id>).
+	// CgroupParent the group boxes are made in (default "den"; den serve
+	// gives every tier its daemon's parent: box <id> is PARENT/<id>).
 	CgroupRoot   string
 	CgroupParent string
 }

@@ -22,7 +22,7 @@ type cgroups struct {
 	freezer bool // v1: the freezer hierarchy is mounted (v2 always has cgroup.freeze)
 }
 
-var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids"}
+var v1Controllers = host.V1Controllers
 
 // v1Freezer is the v1 controller that pauses boxes; a host without it
 // runs boxes that cannot be paused.
@@ -205,16 +205,8 @@ func (cg *cgroups) Remove(id string) error {
 		dirs = append([]string{filepath.Join(cg.dir(id, "pids"), "cmds")}, dirs...)
 	}
 	for _, d := range dirs {
-		for i := 0; ; i++ {
-			err := os.Remove(d)
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if i == 200 {
-				last = fmt.Errorf("remove cgroup %s: %w", d, err)
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
+		if err := host.RemoveGroup(d, time.Second); err != nil {
+			last = err
 		}
 	}
 	return last

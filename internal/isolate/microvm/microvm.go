@@ -44,6 +44,11 @@ type Config struct {
 	BootTimeout time.Duration
 	// Network, if set, connects boxes whose spec asks for it.
 	Network *host.Network
+	// CgroupRoot is where cgroups are mounted (default /sys/fs/cgroup);
+	// CgroupParent the group each box's QEMU is put in, as PARENT/<id>
+	// (default "den"; den serve gives every tier its daemon's parent).
+	// The guest's memory and CPUs are its limits, not the groups'.
+	CgroupRoot, CgroupParent string
 
 	// extraAppend is added to the guest kernel's command line (tests).
 	extraAppend string
@@ -58,6 +63,12 @@ func (c *Config) defaults() {
 	}
 	if c.QEMU == "" {
 		c.QEMU = "qemu-system-x86_64"
+	}
+	if c.CgroupRoot == "" {
+		c.CgroupRoot = "/sys/fs/cgroup"
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "den"
 	}
 	if c.Exe == "" {
 		c.Exe = "/proc/self/exe"
@@ -79,6 +90,7 @@ type Runtime struct {
 	info   Info
 	images *imageCache
 	net    *host.Network
+	cg     host.CgroupView // QEMU's groups: PARENT/<id>, no limits
 }
 
 // The abilities of the microvm tier (isolate's optional interfaces).
@@ -116,7 +128,8 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, err
 		}
 	}
-	return &Runtime{cfg: cfg, info: info, images: newImageCache(filepath.Join(cfg.StateDir, "erofs")), net: cfg.Network}, nil
+	return &Runtime{cfg: cfg, info: info, images: newImageCache(filepath.Join(cfg.StateDir, "erofs")), net: cfg.Network,
+		cg: host.DetectView(cfg.CgroupRoot, cfg.CgroupParent)}, nil
 }
 
 // Name is "microvm".
@@ -465,7 +478,10 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 	b := &box{rt: r, spec: spec, run: run, vm: vm, pid: cmd.Process.Pid, kill: cmd.Process.Kill,
 		link: agent.NewLink(), done: make(chan struct{})}
 	go func() { cmd.Wait(); close(b.done) }()
-	cleanup = append(cleanup, func() { b.kill(); <-b.done; b.link.Close() })
+	cleanup = append(cleanup, func() { b.kill(); <-b.done; b.link.Close(); r.cg.RemoveGroups(spec.ID) })
+	if err := r.cg.Place(spec.ID, b.pid); err != nil {
+		return nil, fmt.Errorf("QEMU's cgroup: %w", err)
+	}
 
 	bctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
 	defer cancel()
@@ -664,7 +680,7 @@ func (r *Runtime) cleanupRun(spec *isolate.Spec) error {
 	if err := storage.RemoveTree(run); err != nil {
 		return fmt.Errorf("remove run dir: %w", err)
 	}
-	return nil
+	return r.cg.RemoveGroups(spec.ID)
 }
 
 // killStale kills a QEMU of the box left by a dead daemon.

@@ -41,9 +41,10 @@ const testCache = "/var/cache/den-microvm-test"
 
 func testConfig() Config {
 	return Config{
-		RunDir:   filepath.Join("/run/den-test/microvm", strconv.Itoa(os.Getpid())),
-		StateDir: filepath.Join(testCache, "state"),
-		Memory:   256 << 20,
+		RunDir:       filepath.Join("/run/den-test/microvm", strconv.Itoa(os.Getpid())),
+		StateDir:     filepath.Join(testCache, "state"),
+		Memory:       256 << 20,
+		CgroupParent: "den-test",
 	}
 }
 
@@ -200,6 +201,7 @@ func TestLifecycle(t *testing.T) {
 	mustSh(t, b, "true")
 	t.Logf("cold start (Start until exec of true answered): %v", time.Since(t0))
 	checkBootIdentity(t, b)
+	checkQEMUCgroup(t, b.Pid(), spec.ID)
 	out := mustSh(t, b, "cat /usr/share/den/hello; stat -c %u:%g /usr/share/den/hello; ls /usr/bin/from-root 2>&1; cat /etc/hidden 2>&1; echo new > /usr/share/den/new; ls /usr/share/den")
 	if !strings.Contains(out, "from the usr layer\n1000:1000\n") || !strings.Contains(out, "No such file") || !strings.Contains(out, "hello\nnew") {
 		t.Fatalf("usr overlay / whiteout: %q", out)
@@ -255,6 +257,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("restore: %v", err)
 	}
 	mustSh(t, r, "true")
+	checkQEMUCgroup(t, r.Pid(), spec.ID)
 	t.Logf("checkpoint %v (memory file %d MiB), restore until exec answered %v", ck, mem.Size()>>20, time.Since(t2))
 	after, _ := strconv.Atoi(strings.TrimSpace(mustSh(t, r, "cat /tmp/count")))
 	time.Sleep(300 * time.Millisecond)
@@ -276,6 +279,32 @@ func TestLifecycle(t *testing.T) {
 	if _, err := os.Stat(rt2.boxRun(spec.ID)); !os.IsNotExist(err) {
 		t.Fatalf("run dir left after Stop: %v", err)
 	}
+	for _, d := range []string{rt2.cg.Dir(spec.ID, "memory"), rt2.cg.Dir(spec.ID, "pids")} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s left after Stop: %v", d, err)
+		}
+	}
+}
+
+// checkQEMUCgroup checks, in /proc/PID/cgroup, that a box's QEMU is in
+// the group PARENT/ID of the runtime's parent (den-test here).
+func checkQEMUCgroup(t *testing.T, pid int, id string) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "/den-test/" + id
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && (f[1] == "memory" || f[0] == "0" && f[1] == "") && f[2] != "/" {
+			if f[2] != want {
+				t.Fatalf("QEMU's cgroup is %s, want %s", f[2], want)
+			}
+			return
+		}
+	}
+	t.Fatalf("QEMU (pid %d) is in no cgroup of den's:\n%s", pid, b)
 }
 
 // checkBootIdentity checks that a booted box's recorded identity is the
