@@ -243,17 +243,7 @@ func cmdPortRm(c *cli, v *verb, args []string) error {
 		ports = append(ports, p)
 	}
 	cl := c.client(f)
-	failed := false
-	for _, p := range ports {
-		if err := cl.UnsharePort(context.Background(), pos[0], p); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, p)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return each(c, v, ports, false, func(p int) error {
+		return cl.UnsharePort(context.Background(), pos[0], p)
+	})
 }

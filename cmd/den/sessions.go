@@ -75,17 +75,7 @@ func cmdSessionsRm(c *cli, v *verb, args []string) error {
 		return usagef(v, "sessions rm needs a sandbox ID and a session NAME, like: den sessions rm web build")
 	}
 	cl := c.client(f)
-	failed := false
-	for _, name := range pos[1:] {
-		if err := cl.CloseSession(context.Background(), pos[0], name); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, name)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return each(c, v, pos[1:], false, func(name string) error {
+		return cl.CloseSession(context.Background(), pos[0], name)
+	})
 }

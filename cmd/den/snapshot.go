@@ -134,7 +134,7 @@ var verbSnapshotInspect = &verb{
 	synopsis: "[flags] SNAPSHOT...",
 	example:  "den snapshot inspect before-upgrade",
 	run: func(c *cli, v *verb, args []string) error {
-		return c.eachJSON(v, args, func(cl *client.Client, id string) (any, error) {
+		return c.eachJSON(v, args, "snapshot inspect needs at least one argument", func(cl *client.Client, id string) (any, error) {
 			return cl.GetSnapshot(context.Background(), id)
 		})
 	},
@@ -384,7 +384,7 @@ var verbVolumeInspect = &verb{
 	synopsis: "[flags] NAME...",
 	example:  "den volume inspect data",
 	run: func(c *cli, v *verb, args []string) error {
-		return c.eachJSON(v, args, func(cl *client.Client, name string) (any, error) {
+		return c.eachJSON(v, args, "volume inspect needs at least one argument", func(cl *client.Client, name string) (any, error) {
 			return cl.GetVolume(context.Background(), name)
 		})
 	},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 )
 
 var verbSSHKey = &verb{
@@ -163,26 +164,7 @@ func cmdSSHKeyLs(c *cli, v *verb, args []string) error {
 }
 
 func cmdSSHKeyRm(c *cli, v *verb, args []string) error {
-	f := newFlags(v)
-	ids, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	if len(ids) == 0 {
-		return usagef(v, "ssh-key rm needs at least one key ID (see den ssh-key ls)")
-	}
-	cl := c.client(f)
-	failed := false
-	for _, id := range ids {
-		if err := cl.RemoveSSHKey(context.Background(), id); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, id)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return c.eachArg(v, args, "ssh-key rm needs at least one key ID (see den ssh-key ls)", func(cl *client.Client, id string) error {
+		return cl.RemoveSSHKey(context.Background(), id)
+	})
 }
