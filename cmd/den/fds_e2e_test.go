@@ -39,10 +39,6 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 		t.Skip("busybox not installed (apt-get install busybox-static)")
 	}
 	tmp := t.TempDir()
-	bin := filepath.Join(tmp, "den")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 
 	// The four descriptors: a host directory, a file in it, a listening
 	// unix socket and the read end of a pipe.
@@ -102,50 +98,24 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 		linuxLimit = lim.Max
 		t.Logf("cannot raise the open-files limit (%v): linux-tier commands keep the daemon's %d", err, lim.Max)
 	}
-	data := filepath.Join(tmp, "data")
-	run := fmt.Sprintf("/run/den-e2e/serve-%d", os.Getpid())
-	sock := filepath.Join(tmp, "den.sock")
-	logf, err := os.Create(filepath.Join(tmp, "serve.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "serve", "--listen", "unix://"+sock, "--data", data, "--run", run,
-		"--net=false", "--warm", "0", "--storage", "dir", "--default-memory", "512m", "--default-pids", "512")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = append([]*os.File{nil, nil, nil, nil}, extra...) // fds 7 to 10
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	daemon := cmd.Process.Pid
+	d := newDaemonWith(t, func(d *daemon) {
+		d.runtimes, d.storage = "linux,gvisor,microvm", "dir"
+		d.args = []string{"--default-memory", "512m", "--default-pids", "512"}
+		d.files = append([]*os.File{nil, nil, nil, nil}, extra...) // fds 7 to 10
+	})
+	daemon := d.proc.cmd.Process.Pid
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("den serve's log:\n%s", d.logText())
+		}
+	})
 	for _, f := range extra {
 		f.Close()
 	}
-	c := client.New("unix://" + sock)
-	ctx := context.Background()
-	t.Cleanup(func() {
-		all, _ := c.List(ctx, nil)
-		for _, s := range all {
-			c.Remove(ctx, s.ID, true)
-		}
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		for _, d := range []string{"linux", "gvisor", "microvm"} {
-			syscall.Unmount(filepath.Join(run, d), syscall.MNT_DETACH)
-		}
-		os.RemoveAll(run)
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("den serve's log:\n%s", b)
-		}
-	})
-	var info *api.Info
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if info, err = c.Info(ctx); err == nil {
-			break
-		}
-		if time.Now().After(deadline) || cmd.ProcessState != nil {
-			t.Fatalf("den serve did not answer: %v", err)
-		}
+	c, ctx := d.c, context.Background()
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
 	buildBusybox(t, c, bb)
 

@@ -51,7 +51,7 @@ func newDaemon(t *testing.T) *daemon {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { sto.Close() }) // after the stack's own clean-up
+		t.Cleanup(func() { sto.Close() }) // after the stack's clean-up
 		s.Config.Storage = sto
 	})
 	ip := server.NewInProcess(st.Server)

@@ -19,6 +19,7 @@ import (
 	"github.com/den-dev/den/internal/isolate/gvisor"
 	"github.com/den-dev/den/internal/isolate/microvm"
 	"github.com/den-dev/den/internal/testenv"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // newTierEnv is a daemon offering the gvisor and microvm tiers where this
@@ -44,8 +45,8 @@ func addTiers(t *testing.T, e *env) {
 		e.tiers["microvm"] = m
 	}
 	t.Cleanup(func() {
-		unmountRunDir(run + "/gvisor")
-		unmountRunDir(run + "/microvm")
+		e2e.UnmountRunDir(run + "/gvisor")
+		e2e.UnmountRunDir(run + "/microvm")
 		os.RemoveAll(run)
 	})
 }

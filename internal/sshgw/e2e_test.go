@@ -125,7 +125,7 @@ func start() (*env, error) {
 		return nil, err
 	}
 	e := &env{dir: dir, log: &lockedBuffer{}}
-	if e.st, err = e2e.Open(dir, "sshgw"); err != nil {
+	if e.st, err = e2e.Open(dir, "sshgw", linux.Config{}); err != nil {
 		return nil, err
 	}
 	if err := e.st.Start(); err != nil {

@@ -102,8 +102,9 @@ var runSeq struct {
 }
 
 // Open prepares a stack in data: its store, image store and linux runtime
-// (its run directory is /run/den-e2e/NAME-PID-N); Start starts it.
-func Open(data, name string) (*Stack, error) {
+// with rc (its run directory is /run/den-e2e/NAME-PID-N, its cgroup
+// den-e2e, unless rc says); Start starts it.
+func Open(data, name string, rc linux.Config) (*Stack, error) {
 	runSeq.Lock()
 	runSeq.n++
 	n := runSeq.n
@@ -117,7 +118,14 @@ func Open(data, name string) (*Stack, error) {
 		s.DB.Close()
 		return nil, err
 	}
-	if s.Runtime, err = linux.New(linux.Config{RunDir: s.Run, CgroupName: "den-e2e"}); err != nil {
+	if rc.RunDir == "" {
+		rc.RunDir = s.Run
+	}
+	s.Run = rc.RunDir
+	if rc.CgroupName == "" {
+		rc.CgroupName = "den-e2e"
+	}
+	if s.Runtime, err = linux.New(rc); err != nil {
 		s.DB.Close()
 		return nil, err
 	}
@@ -127,21 +135,31 @@ func Open(data, name string) (*Stack, error) {
 }
 
 // New opens a stack in a temporary directory for t, lets setup (if not
-// nil) change it, starts it, and closes it when t ends. It skips t
+// nil) change it, starts it, and closes it when t ends, before what setup
+// registered with t.Cleanup. It skips t
 // without root, which the linux runtime needs.
 func New(t testing.TB, name string, setup func(*Stack)) *Stack {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("end-to-end tests run a real daemon, which needs root (CI runs them as root)")
 	}
-	s, err := Open(t.TempDir(), name)
+	s, err := Open(t.TempDir(), name, linux.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Close)
+	// What setup makes (and cleans up) outlives the stack: its clean-up
+	// runs after the stack's.
+	set := false
+	defer func() {
+		if !set {
+			s.Close() // setup failed the test
+		}
+	}()
 	if setup != nil {
 		setup(s)
 	}
+	set = true
+	t.Cleanup(s.Close)
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
