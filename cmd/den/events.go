@@ -95,10 +95,7 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 		return err
 	}
 	if *jsonOut {
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
+		return printJSONList(c, list)
 	}
 	tw := newTable(c.stdout)
 	fmt.Fprintln(tw, "TIME\tSANDBOX\tTYPE\tDATA")

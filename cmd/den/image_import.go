@@ -53,10 +53,7 @@ func cmdImageImport(c *cli, v *verb, args []string) error {
 		return err
 	}
 	if *jsonOut {
-		if imgs == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(imgs)
+		return printJSONList(c, imgs)
 	}
 	for _, img := range imgs {
 		fmt.Fprintln(c.stdout, img.Name)

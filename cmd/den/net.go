@@ -508,10 +508,7 @@ func cmdNetLog(c *cli, v *verb, args []string) error {
 		return err
 	}
 	if *jsonOut {
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
+		return printJSONList(c, list)
 	}
 	tw := newTable(c.stdout)
 	fmt.Fprintln(tw, strings.Join(netLogHeader, "\t"))

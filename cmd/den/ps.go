@@ -47,30 +47,17 @@ func cmdPs(c *cli, v *verb, args []string) error {
 		return err
 	}
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Started.Before(list[j].Started) })
-	switch {
-	case *jsonOut:
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
-	case *quiet:
-		for _, p := range list {
-			fmt.Fprintln(c.stdout, p.ID)
-		}
-		return nil
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "PROC\tNAME\tPID\tSTATE\tEXIT\tRESTARTS\tSTARTED\tENDED\tDESCENDANTS\tCOMMAND")
 	now := time.Now()
-	for _, p := range list {
-		restarts := ""
-		if p.Restart != "" {
-			restarts = fmt.Sprintf("%d (%s)", p.Restarts, p.Restart)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Pid, p.State, exitText(p.Exit),
-			restarts, ago(p.Started, now), ago(p.Ended, now), pidList(p.Descendants), benchQuote(p.Cmd))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, *quiet, func(p *api.ProcessInfo) string { return p.ID },
+		"PROC\tNAME\tPID\tSTATE\tEXIT\tRESTARTS\tSTARTED\tENDED\tDESCENDANTS\tCOMMAND",
+		func(p *api.ProcessInfo) string {
+			restarts := ""
+			if p.Restart != "" {
+				restarts = fmt.Sprintf("%d (%s)", p.Restarts, p.Restart)
+			}
+			return fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Pid, p.State, exitText(p.Exit),
+				restarts, ago(p.Started, now), ago(p.Ended, now), pidList(p.Descendants), benchQuote(p.Cmd))
+		})
 }
 
 // exitText is how a process ended, for the EXIT column: the exit code, the

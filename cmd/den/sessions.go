@@ -51,10 +51,7 @@ func cmdSessions(c *cli, v *verb, args []string) error {
 	}
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Started.Before(list[j].Started) })
 	if *jsonOut {
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
+		return printJSONList(c, list)
 	}
 	tw := newTable(c.stdout)
 	fmt.Fprintln(tw, "NAME\tPID\tSTARTED\tBUSY")
