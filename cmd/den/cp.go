@@ -71,12 +71,9 @@ func contentsOnly(p string) bool {
 func cmdCp(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	keepOwner := f.Bool("archive", "a", "keep owners: copied in, the local uid/gid (default: root); copied out, the sandbox's uid/gid and setuid/setgid bits (default: yours, without setuid/setgid)")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 2, "cp needs SRC and DST")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return usagef(v, "cp needs SRC and DST")
 	}
 	src, dst := parseCpPath(pos[0]), parseCpPath(pos[1])
 	switch {

@@ -31,16 +31,6 @@ func each[T any](c *cli, v *verb, items []T, quiet bool, op func(T) error) error
 	return nil
 }
 
-// atLeastOne parses args with f; need is the usage error when they name
-// nothing.
-func (c *cli) atLeastOne(f *flagSet, v *verb, args []string, need string) ([]string, error) {
-	names, _, err := f.parse(args, -1, c.stdout)
-	if err == nil && len(names) == 0 {
-		err = usagef(v, "%s", need)
-	}
-	return names, err
-}
-
 // eachArg parses args as one or more names (need is the usage error when
 // there are none) and runs op on each, as each does.
 func (c *cli) eachArg(v *verb, args []string, need string, op func(cl *client.Client, name string) error) error {

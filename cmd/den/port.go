@@ -142,12 +142,9 @@ func cmdPort(c *cli, v *verb, args []string) error {
 	public := f.Bool("public", "", "no token: anyone who can reach the daemon's listener can use the preview")
 	rotate := f.Bool("rotate", "", "give a private port that is already shared a new token (the old URLs stop working)")
 	jsonOut := f.jsonFlag(`print JSON: the Preview (port, public, token, path, host) with its url, host_url and path_url (and socket, for a daemon on a unix socket only)`)
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 2, "port needs a sandbox ID and a PORT, like: den port web 8000 (den port ls ID lists the shared ports)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return usagef(v, "port needs a sandbox ID and a PORT, like: den port web 8000 (den port ls ID lists the shared ports)")
 	}
 	port, err := parsePort(v, pos[1])
 	if err != nil {

@@ -35,12 +35,9 @@ func cmdPs(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	quiet := f.Bool("quiet", "q", "print only process ids")
 	jsonOut := f.jsonFlag("print the processes as a JSON array")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "ps needs one sandbox ID")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "ps needs one sandbox ID")
 	}
 	list, err := c.client(f).Processes(context.Background(), pos[0])
 	if err != nil {

@@ -38,12 +38,9 @@ func cmdSessions(c *cli, v *verb, args []string) error {
 	}
 	f := newFlags(v)
 	jsonOut := f.jsonFlag("print the sessions as a JSON array")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "sessions needs one sandbox ID (to remove a session: den sessions rm ID NAME)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "sessions needs one sandbox ID (to remove a session: den sessions rm ID NAME)")
 	}
 	list, err := c.client(f).Sessions(context.Background(), pos[0])
 	if err != nil {

@@ -68,12 +68,9 @@ func cmdSSHKeyAdd(c *cli, v *verb, args []string) error {
 	name := f.String("name", "n", "NAME", "a label for the key (default: the key's comment)")
 	sandbox := f.String("sandbox", "s", "ID", "restrict the key to this sandbox")
 	jsonOut := f.jsonFlag("print the key as JSON")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "ssh-key add needs one KEYFILE (a .pub file) or - for standard input")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "ssh-key add needs one KEYFILE (a .pub file) or - for standard input")
 	}
 	var r io.Reader
 	if pos[0] == "-" {
