@@ -124,12 +124,8 @@ func (s *server) exec(ctx context.Context, req *sdk.CallToolRequest, in execIn) 
 		if in.Stdin != "" {
 			er.Stdin = []byte(in.Stdin)
 		}
-		if in.Timeout != "" {
-			d, err := api.ParseDuration(in.Timeout)
-			if err != nil {
-				return execOut{}, fmt.Errorf("invalid: timeout: %v", err)
-			}
-			er.Timeout = d
+		if err := parseDuration("timeout", in.Timeout, &er.Timeout); err != nil {
+			return execOut{}, err
 		}
 		if in.Background {
 			if in.Stdin != "" {

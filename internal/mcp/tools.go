@@ -34,7 +34,7 @@ func (a sandboxArg) arg() sandboxArg { return a }
 
 // withClient makes the handler of a tool from do, which gets the den
 // client of the call; an API error do returns becomes a message for the
-// model (toolError).
+// model (toolError), and do's result is dropped.
 func withClient[In, Out any](s *server, do func(ctx context.Context, c *client.Client, in In) (Out, error)) sdk.ToolHandlerFor[In, Out] {
 	return func(ctx context.Context, req *sdk.CallToolRequest, in In) (*sdk.CallToolResult, Out, error) {
 		var zero Out
@@ -63,6 +63,20 @@ func onSandbox[In interface{ arg() sandboxArg }, Out any](s *server, do func(ctx
 		}
 		return h(ctx, req, in)
 	}
+}
+
+// parseDuration sets *dst to the duration v, the argument name, unless v
+// is empty.
+func parseDuration(name, v string, dst *api.Duration) error {
+	if v == "" {
+		return nil
+	}
+	d, err := api.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("invalid: %s: %v", name, err)
+	}
+	*dst = d
+	return nil
 }
 
 // orEmpty is v, or an empty slice for nil: a list in a tool's result is
@@ -185,18 +199,11 @@ func (s *server) sandboxCreate(ctx context.Context, c *client.Client, in createI
 			return sandboxOut{}, fmt.Errorf("invalid: %s: %v", f.name, err)
 		}
 	}
-	for _, f := range []struct {
-		name, v string
-		dst     *api.Duration
-	}{{"ttl", in.TTL, &cr.TTL}, {"idle_timeout", in.IdleTimeout, &cr.IdleTimeout}} {
-		if f.v == "" {
-			continue
-		}
-		d, err := api.ParseDuration(f.v)
-		if err != nil {
-			return sandboxOut{}, fmt.Errorf("invalid: %s: %v", f.name, err)
-		}
-		*f.dst = d
+	if err := parseDuration("ttl", in.TTL, &cr.TTL); err != nil {
+		return sandboxOut{}, err
+	}
+	if err := parseDuration("idle_timeout", in.IdleTimeout, &cr.IdleTimeout); err != nil {
+		return sandboxOut{}, err
 	}
 	if in.Network != "" || len(in.Allow)+len(in.AllowCIDR)+len(in.Deny) > 0 {
 		cr.Network = &api.NetworkPolicy{Mode: in.Network, Allow: in.Allow, AllowCIDR: in.AllowCIDR, Deny: in.Deny}
@@ -265,9 +272,9 @@ func (s *server) processLogs(ctx context.Context, c *client.Client, id string, i
 	}
 	opts := client.LogsOptions{Tail: in.Tail}
 	if in.Wait != "" {
-		d, err := api.ParseDuration(in.Wait)
-		if err != nil {
-			return logsOut{}, fmt.Errorf("invalid: wait: %v", err)
+		var d api.Duration
+		if err := parseDuration("wait", in.Wait, &d); err != nil {
+			return logsOut{}, err
 		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.D())
@@ -292,10 +299,7 @@ type okOut struct {
 }
 
 func (s *server) processKill(ctx context.Context, c *client.Client, id string, in killIn) (okOut, error) {
-	if err := c.Kill(ctx, id, in.Process, in.Signal); err != nil {
-		return okOut{}, err
-	}
-	return okOut{OK: true}, nil
+	return okOut{OK: true}, c.Kill(ctx, id, in.Process, in.Signal)
 }
 
 type stdinIn struct {
@@ -305,10 +309,7 @@ type stdinIn struct {
 }
 
 func (s *server) processWriteStdin(ctx context.Context, c *client.Client, id string, in stdinIn) (okOut, error) {
-	if err := c.WriteStdin(ctx, id, in.Process, strings.NewReader(in.Data), in.Close); err != nil {
-		return okOut{}, err
-	}
-	return okOut{OK: true}, nil
+	return okOut{OK: true}, c.WriteStdin(ctx, id, in.Process, strings.NewReader(in.Data), in.Close)
 }
 
 // Ports, snapshots, forks, network.
