@@ -26,6 +26,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/tarball"
 )
 
 // fakeDaemon is a small in-memory den daemon speaking the HTTP API of
@@ -963,7 +964,8 @@ func (f *fakeDaemon) download(w http.ResponseWriter, r *http.Request) error {
 		base = "."
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
-	tw := tar.NewWriter(w)
+	tw := tarball.NewWriter(w)
+	tw.KeepOwner, tw.HardLinks = true, true // as the agent writes it
 	err = filepath.Walk(top, func(full string, fi fs.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -973,25 +975,11 @@ func (f *fakeDaemon) download(w http.ResponseWriter, r *http.Request) error {
 		if fi.Mode()&fs.ModeSymlink != 0 {
 			link, _ = os.Readlink(full)
 		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
+		err = tw.Add(path.Join(base, filepath.ToSlash(rel)), fi, link, func() (io.ReadCloser, error) { return os.Open(full) })
+		if errors.Is(err, tarball.ErrSkipped) {
+			return nil
 		}
-		hdr.Name = path.Join(base, filepath.ToSlash(rel))
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(full)
-			if err != nil {
-				return err
-			}
-			tw.Write(b)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/confine"
+	"github.com/den-dev/den/internal/reexec"
 )
 
 func main() {
@@ -26,9 +27,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "den: %v\n", err)
 		os.Exit(1)
 	}
-	if runHidden(os.Args[1:]) {
-		return
-	}
+	reexec.Run(os.Args[1:]) // a sandbox's init, a tier's agent, the userns holder
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 

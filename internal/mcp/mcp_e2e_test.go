@@ -19,8 +19,8 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/mcp"
+	"github.com/den-dev/den/internal/reexec"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/testenv/e2e"
@@ -28,9 +28,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if linux.IsInit(os.Args[1:]) {
-		linux.Init()
-	}
+	reexec.Run(os.Args[1:])
 	code := m.Run()
 	e2e.RemoveDenBinary()
 	os.Exit(code)

@@ -24,9 +24,8 @@ import (
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
-	"github.com/den-dev/den/internal/isolate/gvisor"
 	"github.com/den-dev/den/internal/isolate/linux"
-	"github.com/den-dev/den/internal/isolate/microvm"
+	"github.com/den-dev/den/internal/reexec"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/storage"
@@ -35,19 +34,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if linux.IsInit(os.Args[1:]) {
-		linux.Init()
-	}
-	if gvisor.IsAgent(os.Args[1:]) {
-		gvisor.AgentMain()
-	}
-	if microvm.IsGuest() {
-		microvm.GuestMain()
-	}
-	if len(os.Args) > 1 && os.Args[1] == "__userns-hold" {
-		linux.HoldUserns()
-		os.Exit(0)
-	}
+	reexec.Run(os.Args[1:])
 	os.Exit(m.Run())
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/reexec"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/sshgw"
@@ -37,13 +38,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if linux.IsInit(os.Args[1:]) {
-		linux.Init()
-	}
-	if len(os.Args) > 1 && os.Args[1] == "__userns-hold" {
-		linux.HoldUserns()
-		os.Exit(0)
-	}
+	reexec.Run(os.Args[1:])
 	code := m.Run()
 	if shared != nil {
 		shared.close()
