@@ -94,15 +94,9 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return printJSONList(c, list)
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "TIME\tSANDBOX\tTYPE\tDATA")
-	for _, e := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, false, nil, "TIME\tSANDBOX\tTYPE\tDATA", func(e *api.Event) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
+	})
 }
 
 // eventData is an event's data on one line.

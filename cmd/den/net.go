@@ -507,13 +507,7 @@ func cmdNetLog(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return printJSONList(c, list)
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, strings.Join(netLogHeader, "\t"))
-	for _, e := range list {
-		fmt.Fprintln(tw, strings.Join(netRow(e), "\t"))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, false, nil, strings.Join(netLogHeader, "\t"), func(e *api.Event) string {
+		return strings.Join(netRow(e), "\t") + "\n"
+	})
 }

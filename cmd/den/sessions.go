@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/den-dev/den/api"
 )
 
 var verbSessions = &verb{
@@ -47,16 +49,10 @@ func cmdSessions(c *cli, v *verb, args []string) error {
 		return err
 	}
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Started.Before(list[j].Started) })
-	if *jsonOut {
-		return printJSONList(c, list)
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "NAME\tPID\tSTARTED\tBUSY")
 	now := time.Now()
-	for _, s := range list {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.Pid, ago(s.Started, now), strconv.FormatBool(s.Busy))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, false, nil, "NAME\tPID\tSTARTED\tBUSY", func(s *api.Session) string {
+		return fmt.Sprintf("%s\t%d\t%s\t%s\n", s.Name, s.Pid, ago(s.Started, now), strconv.FormatBool(s.Busy))
+	})
 }
 
 func cmdSessionsRm(c *cli, v *verb, args []string) error {
