@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/den-dev/den/api"
 )
@@ -30,9 +29,5 @@ func cmdCommit(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return c.printJSON(img)
-	}
-	fmt.Fprintln(c.stdout, img.Name)
-	return nil
+	return c.printResult(*jsonOut, img, img.Name)
 }

@@ -57,11 +57,7 @@ func cmdImagePull(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return c.printJSON(img)
-	}
-	fmt.Fprintln(c.stdout, img.Name)
-	return nil
+	return c.printResult(*jsonOut, img, img.Name)
 }
 
 // readPassword reads a password from r: its first line, without the line

@@ -247,6 +247,16 @@ func (c *cli) printJSON(v any) error {
 	return enc.Encode(v)
 }
 
+// printResult prints what a verb made or changed: v as JSON with --json,
+// else line.
+func (c *cli) printResult(jsonOut bool, v any, line string) error {
+	if jsonOut {
+		return c.printJSON(v)
+	}
+	fmt.Fprintln(c.stdout, line)
+	return nil
+}
+
 // shortID is the 12-character form of an id shown in tables.
 func shortID(id string) string {
 	id = strings.TrimPrefix(id, "sha256:")

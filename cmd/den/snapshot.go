@@ -69,11 +69,7 @@ var verbSnapshotCreate = &verb{
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(s)
-		}
-		fmt.Fprintln(c.stdout, s.ID)
-		return nil
+		return c.printResult(*jsonOut, s, s.ID)
 	},
 }
 
@@ -229,11 +225,7 @@ free here). Then den create --from ID starts sandboxes from it.`,
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(s)
-		}
-		fmt.Fprintln(c.stdout, s.ID)
-		return nil
+		return c.printResult(*jsonOut, s, s.ID)
 	},
 }
 
@@ -256,11 +248,7 @@ it was running; its id, name, network policy, ports and volumes stay.`,
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(sb)
-		}
-		fmt.Fprintln(c.stdout, sb.ID)
-		return nil
+		return c.printResult(*jsonOut, sb, sb.ID)
 	},
 }
 
@@ -338,11 +326,7 @@ var verbVolumeCreate = &verb{
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(vol)
-		}
-		fmt.Fprintln(c.stdout, vol.Name)
-		return nil
+		return c.printResult(*jsonOut, vol, vol.Name)
 	},
 }
 

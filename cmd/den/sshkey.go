@@ -91,11 +91,7 @@ func cmdSSHKeyAdd(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return c.printJSON(k)
-	}
-	fmt.Fprintln(c.stdout, k.ID)
-	return nil
+	return c.printResult(*jsonOut, k, k.ID)
 }
 
 // keyLine returns the one key line of a .pub file (blank lines and
