@@ -1,8 +1,6 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -17,9 +15,9 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
-	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/testenv"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // TestServeLeaksNoDescriptors runs the real den binary as a daemon started
@@ -34,8 +32,7 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root, as den serve does")
 	}
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
+	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("busybox not installed (apt-get install busybox-static)")
 	}
 	tmp := t.TempDir()
@@ -117,7 +114,7 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	buildBusybox(t, c, bb)
+	e2e.BusyboxImage(t, c)
 
 	// What a command holds: the shell's own descriptors, listed by
 	// another process (so the listing's directory is not among them; by
@@ -178,30 +175,5 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// buildBusybox makes the image "busybox": busybox as /bin/busybox and
-// /bin/sh, and an /etc/passwd naming root and nobody.
-func buildBusybox(t *testing.T, c *client.Client, busybox string) {
-	t.Helper()
-	bin, err := os.ReadFile(busybox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{
-		"Dockerfile": []byte("FROM scratch\nCOPY busybox /bin/busybox\nCOPY busybox /bin/sh\nCOPY passwd /etc/passwd\n"),
-		"busybox":    bin,
-		"passwd":     []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"),
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for name, data := range files {
-		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg})
-		tw.Write(data)
-	}
-	tw.Close()
-	if _, err := c.BuildImage(context.Background(), &buf, client.BuildOptions{Tag: "busybox"}, nil); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -10,6 +10,8 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -218,4 +220,37 @@ func (s *Stack) Close() {
 func UnmountRunDir(dir string) {
 	syscall.Unmount(dir, syscall.MNT_DETACH)
 	os.RemoveAll(dir)
+}
+
+// BusyboxImage builds through c the image "busybox": the host's busybox
+// as /bin/busybox and /bin/sh, and an /etc/passwd naming root and nobody;
+// a tiny image, so that tests (of the microvm tier above all) do not turn
+// the host's /usr into a disk image. It skips t where busybox is not
+// installed.
+func BusyboxImage(t testing.TB, c *client.Client) string {
+	t.Helper()
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox not installed (apt-get install busybox-static)")
+	}
+	bin, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{
+		"Dockerfile": []byte("FROM scratch\nCOPY busybox /bin/busybox\nCOPY busybox /bin/sh\nCOPY passwd /etc/passwd\n"),
+		"busybox":    bin,
+		"passwd":     []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"),
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, data := range files {
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg})
+		tw.Write(data)
+	}
+	tw.Close()
+	if _, err := c.BuildImage(context.Background(), &buf, client.BuildOptions{Tag: "busybox"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return "busybox"
 }
