@@ -59,15 +59,22 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 	return time.Time{}, errors.New("want a time like 2025-01-02T15:04:05Z, a date, or a duration before now like 10m")
 }
 
+// eventFlags adds the flags den events and den net log share: --since,
+// --limit (into filter), --json and --follow.
+func eventFlags(f *flagSet, filter *client.EventFilter) (jsonOut, follow *bool) {
+	f.Var(sinceValue{&filter.Since}, "since", "", "TIME", "only events since TIME: RFC 3339, a date, or a duration like 10m")
+	f.Var(intValue{&filter.Limit}, "limit", "n", "N", "print at most N events")
+	jsonOut = f.jsonFlag("print the events as a JSON array (with -f, one JSON object a line)")
+	follow = f.Bool("follow", "f", "keep printing new events as they come, until Ctrl-C")
+	return jsonOut, follow
+}
+
 func cmdEvents(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	var filter client.EventFilter
 	f.Var(stringValue{&filter.Sandbox}, "sandbox", "s", "ID", "only events of this sandbox (id, prefix or name)")
 	f.Var(stringValue{&filter.Type}, "type", "t", "TYPE", `only events whose type starts with TYPE, like "exec."`)
-	f.Var(sinceValue{&filter.Since}, "since", "", "TIME", "only events since TIME: RFC 3339, a date, or a duration like 10m")
-	f.Var(intValue{&filter.Limit}, "limit", "n", "N", "print at most N events")
-	jsonOut := f.jsonFlag("print the events as a JSON array (with -f, one JSON object a line)")
-	follow := f.Bool("follow", "f", "keep printing new events as they come, until Ctrl-C")
+	jsonOut, follow := eventFlags(f, &filter)
 	pos, _, err := f.parse(args, -1, c.stdout)
 	if err != nil {
 		return err
