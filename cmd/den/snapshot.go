@@ -61,7 +61,7 @@ var verbSnapshotCreate = &verb{
 		name := f.String("name", "", "NAME", "name the snapshot")
 		memory := f.Bool("memory", "", "keep the running processes and memory too (gvisor, microvm)")
 		jsonOut := f.jsonFlag("print the snapshot as JSON")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "snapshot create needs one sandbox ID")
 		if err != nil {
 			return err
 		}
@@ -208,7 +208,7 @@ free here). Then den create --from ID starts sandboxes from it.`,
 	run: func(c *cli, v *verb, args []string) error {
 		f := newFlags(v)
 		jsonOut := f.jsonFlag("print the snapshot as JSON")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "snapshot load needs one FILE (- for standard input)")
 		if err != nil {
 			return err
 		}
@@ -240,7 +240,7 @@ it was running; its id, name, network policy, ports and volumes stay.`,
 	run: func(c *cli, v *verb, args []string) error {
 		f := newFlags(v)
 		jsonOut := f.jsonFlag("print the sandbox as JSON")
-		pos, _, err := f.parse(args, 2, c.stdout)
+		pos, err := c.exactly(f, v, args, 2, "restore needs a sandbox ID and a SNAPSHOT")
 		if err != nil {
 			return err
 		}
@@ -275,7 +275,7 @@ the source are not carried over), and the source runs on from it.`,
 		f.Var(listValue{&labels, checkLabel}, "label", "l", "K=V", "set a label on every fork (repeatable)")
 		memory := f.Bool("memory", "", "forks keep the running processes and memory (gvisor, microvm)")
 		jsonOut := f.jsonFlag("print the new sandboxes as a JSON array")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "fork needs one sandbox ID")
 		if err != nil {
 			return err
 		}
@@ -318,7 +318,7 @@ var verbVolumeCreate = &verb{
 		var size api.Size
 		f.Var(sizeValue{&size}, "size", "", "SIZE", "quota, like 10g (enforced by the kernel; default: the daemon's --default-disk, or a token's --disk cap)")
 		jsonOut := f.jsonFlag("print the volume as JSON")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "volume create needs one NAME")
 		if err != nil {
 			return err
 		}
