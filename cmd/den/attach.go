@@ -32,11 +32,7 @@ const stdinChunk = 32 << 10
 
 func cmdAttach(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
-	pos, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	id, proc, err := procArgs(v, pos)
+	id, proc, err := c.procArgs(f, v, args)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/url"
@@ -1203,5 +1204,39 @@ func TestProcessVerbsHelp(t *testing.T) {
 	}
 	if h := den(t, nil, "", "kill", "-h"); !strings.Contains(h.stdout, "-s, --signal SIGNAL") {
 		t.Errorf("den kill -h lacks -s")
+	}
+}
+
+// Verbs that take a fixed number of arguments answer a missing or an extra
+// one with a usage error naming what they need (exit 2), never a crash or
+// a silently ignored argument. The control: with the right arguments the
+// same verb gets past its checks to the daemon (none listens here: exit 1).
+func TestFixedArityVerbsCheckTheirArguments(t *testing.T) {
+	host := "unix://" + filepath.Join(t.TempDir(), "none.sock")
+	for _, c := range []struct {
+		good, bad []string
+		need      string
+	}{
+		{[]string{"snapshot", "create", "web"}, []string{"snapshot", "create"}, "snapshot create needs one sandbox ID"},
+		{[]string{"snapshot", "create", "web"}, []string{"snapshot", "create", "web", "extra"}, "snapshot create needs one sandbox ID"},
+		{[]string{"snapshot", "load", "-"}, []string{"snapshot", "load"}, "snapshot load needs one FILE"},
+		{[]string{"restore", "web", "snap"}, []string{"restore", "web"}, "restore needs a sandbox ID and a SNAPSHOT"},
+		{[]string{"fork", "web"}, []string{"fork"}, "fork needs one sandbox ID"},
+		{[]string{"volume", "create", "data"}, []string{"volume", "create"}, "volume create needs one NAME"},
+	} {
+		call := func(args []string) (r result) {
+			defer func() {
+				if p := recover(); p != nil {
+					r = result{stderr: fmt.Sprint("panic: ", p), code: -1}
+				}
+			}()
+			return den(t, nil, "", append([]string{"--host", host}, args...)...)
+		}
+		if r := call(c.good); r.code != 1 || strings.Contains(r.stderr, "needs") {
+			t.Errorf("control: den %s: exit %d, %q; want the daemon's absence (exit 1)", strings.Join(c.good, " "), r.code, r.stderr)
+		}
+		if r := call(c.bad); r.code != 2 || !strings.Contains(r.stderr, c.need) {
+			t.Errorf("den %s: exit %d, %q; want exit 2 saying %q", strings.Join(c.bad, " "), r.code, r.stderr, c.need)
+		}
 	}
 }

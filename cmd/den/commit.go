@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/den-dev/den/api"
 )
@@ -22,20 +21,13 @@ directory and user. The sandbox may be running. Prints the image's name.`,
 func cmdCommit(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	jsonOut := f.jsonFlag("print the image as JSON")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 2, "commit needs a sandbox ID and a NAME for the image")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return usagef(v, "commit needs a sandbox ID and a NAME for the image")
 	}
 	img, err := c.client(f).Commit(context.Background(), pos[0], api.CommitRequest{Name: pos[1]})
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return c.printJSON(img)
-	}
-	fmt.Fprintln(c.stdout, img.Name)
-	return nil
+	return c.printResult(*jsonOut, img, img.Name)
 }

@@ -12,10 +12,10 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/tarball"
 )
 
 var verbCp = &verb{
@@ -71,12 +71,9 @@ func contentsOnly(p string) bool {
 func cmdCp(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	keepOwner := f.Bool("archive", "a", "keep owners: copied in, the local uid/gid (default: root); copied out, the sandbox's uid/gid and setuid/setgid bits (default: yours, without setuid/setgid)")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 2, "cp needs SRC and DST")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return usagef(v, "cp needs SRC and DST")
 	}
 	src, dst := parseCpPath(pos[0]), parseCpPath(pos[1])
 	switch {
@@ -167,8 +164,8 @@ func (c *cli) copyIn(ctx context.Context, cl *client.Client, src string, dst cpP
 // named name/... ("" for the contents of a directory). Symlinks are stored
 // as symlinks.
 func writeTar(w io.Writer, src, name string, keepOwner bool, warn io.Writer) error {
-	tw := tar.NewWriter(w)
-	links := map[[2]uint64]string{}
+	tw := tarball.NewWriter(w)
+	tw.KeepOwner, tw.Seconds, tw.HardLinks = keepOwner, true, true
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -185,54 +182,18 @@ func writeTar(w io.Writer, src, name string, keepOwner bool, warn io.Writer) err
 		if entry == "." || entry == "" {
 			return nil // the directory itself, when copying its contents
 		}
-		mode := info.Mode()
 		target := ""
-		if mode&fs.ModeSymlink != 0 {
+		if info.Mode()&fs.ModeSymlink != 0 {
 			if target, err = os.Readlink(p); err != nil {
 				return err
 			}
-		} else if !mode.IsRegular() && !mode.IsDir() {
+		}
+		err = tw.Add(entry, info, target, func() (io.ReadCloser, error) {
+			return os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+		})
+		if errors.Is(err, tarball.ErrSkipped) {
 			fmt.Fprintf(warn, "den: skipping %s: not a file, directory or symlink\n", p)
 			return nil
-		}
-		hdr, err := tar.FileInfoHeader(info, target)
-		if err != nil {
-			return err
-		}
-		hdr.Name = entry
-		// Whole seconds, rounded down: a copy is never newer than its source.
-		hdr.ModTime = hdr.ModTime.Truncate(time.Second)
-		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-		if mode.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		if !keepOwner {
-			hdr.Uid, hdr.Gid = 0, 0
-		}
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok && mode.IsRegular() && sys.Nlink > 1 {
-			key := [2]uint64{uint64(sys.Dev), sys.Ino}
-			if first, ok := links[key]; ok {
-				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-				return tw.WriteHeader(hdr)
-			}
-			links[key] = entry
-		}
-		if !mode.IsRegular() {
-			return tw.WriteHeader(hdr)
-		}
-		file, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-		if err != nil {
-			return err
-		}
-		defer file.Close()
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		// Exactly the header's size, even if the file changed meanwhile.
-		n, err := io.Copy(tw, io.LimitReader(file, hdr.Size))
-		if err == nil && n < hdr.Size {
-			_, err = io.CopyN(tw, zeros{}, hdr.Size-n)
 		}
 		return err
 	})
@@ -240,13 +201,6 @@ func writeTar(w io.Writer, src, name string, keepOwner bool, warn io.Writer) err
 		return err
 	}
 	return tw.Close()
-}
-
-type zeros struct{}
-
-func (zeros) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
 }
 
 // copyOut copies src from the sandbox to the local dst.

@@ -27,12 +27,9 @@ func cmdDiff(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	jsonOut := f.jsonFlag("print the diff as JSON (the patch base64-encoded)")
 	stat := f.Bool("stat", "", "list the commits and changed files instead of the patch")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "diff needs one sandbox ID (created with den create --git)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "diff needs one sandbox ID (created with den create --git)")
 	}
 	d, err := c.client(f).Diff(context.Background(), pos[0])
 	if err != nil {

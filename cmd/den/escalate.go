@@ -22,12 +22,9 @@ func cmdEscalate(c *cli, v *verb, args []string) error {
 	var runtime string
 	f.Var(stringValue{&runtime}, "runtime", "", "TIER", "the tier to move to: gvisor or microvm")
 	jsonOut := f.jsonFlag("print the sandbox as JSON")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "name one sandbox")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "name one sandbox")
 	}
 	if runtime == "" {
 		return usagef(v, "--runtime is required: gvisor or microvm (see den info)")

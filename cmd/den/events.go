@@ -59,15 +59,22 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 	return time.Time{}, errors.New("want a time like 2025-01-02T15:04:05Z, a date, or a duration before now like 10m")
 }
 
+// eventFlags adds the flags den events and den net log share: --since,
+// --limit (into filter), --json and --follow.
+func eventFlags(f *flagSet, filter *client.EventFilter) (jsonOut, follow *bool) {
+	f.Var(sinceValue{&filter.Since}, "since", "", "TIME", "only events since TIME: RFC 3339, a date, or a duration like 10m")
+	f.Var(intValue{&filter.Limit}, "limit", "n", "N", "print at most N events")
+	jsonOut = f.jsonFlag("print the events as a JSON array (with -f, one JSON object a line)")
+	follow = f.Bool("follow", "f", "keep printing new events as they come, until Ctrl-C")
+	return jsonOut, follow
+}
+
 func cmdEvents(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	var filter client.EventFilter
 	f.Var(stringValue{&filter.Sandbox}, "sandbox", "s", "ID", "only events of this sandbox (id, prefix or name)")
 	f.Var(stringValue{&filter.Type}, "type", "t", "TYPE", `only events whose type starts with TYPE, like "exec."`)
-	f.Var(sinceValue{&filter.Since}, "since", "", "TIME", "only events since TIME: RFC 3339, a date, or a duration like 10m")
-	f.Var(intValue{&filter.Limit}, "limit", "n", "N", "print at most N events")
-	jsonOut := f.jsonFlag("print the events as a JSON array (with -f, one JSON object a line)")
-	follow := f.Bool("follow", "f", "keep printing new events as they come, until Ctrl-C")
+	jsonOut, follow := eventFlags(f, &filter)
 	pos, _, err := f.parse(args, -1, c.stdout)
 	if err != nil {
 		return err
@@ -94,18 +101,9 @@ func cmdEvents(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "TIME\tSANDBOX\tTYPE\tDATA")
-	for _, e := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, false, nil, "TIME\tSANDBOX\tTYPE\tDATA", func(e *api.Event) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05"), shortID(e.Sandbox), e.Type, eventData(e))
+	})
 }
 
 // eventData is an event's data on one line.

@@ -29,12 +29,9 @@ func cmdExport(c *cli, v *verb, args []string) error {
 	message := f.String("message", "m", "TEXT", "message of the commit holding the uncommitted changes")
 	force := f.Bool("force", "f", "move an existing branch even when the changes do not descend from it")
 	jsonOut := f.jsonFlag("print the result as JSON")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "export needs one sandbox ID (created with den create --git PATH)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "export needs one sandbox ID (created with den create --git PATH)")
 	}
 	if *branch == "" {
 		return usagef(v, "export needs --branch NAME: the branch of the host repository to write")

@@ -26,6 +26,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/tarball"
 )
 
 // fakeDaemon is a small in-memory den daemon speaking the HTTP API of
@@ -397,12 +398,9 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 // sharePort shares a port as the daemon does; a private one gets the
 // token "tok-PORT", or "tok-PORT-rotated" with rotate.
 func (f *fakeDaemon) sharePort(w http.ResponseWriter, r *http.Request) error {
-	s, err := f.find(r)
-	if err != nil {
-		return err
-	}
 	var req api.PortRequest
-	if err := decodeStrict(r, &req); err != nil {
+	s, err := f.findWith(r, &req)
+	if err != nil {
 		return err
 	}
 	if req.Port < 1 || req.Port > 65535 {
@@ -517,10 +515,8 @@ func (f *fakeDaemon) newSandbox(req api.CreateRequest) (*fakeSandbox, error) {
 
 func (f *fakeDaemon) create(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return api.Errorf(api.KindInvalid, "bad body: %v", err)
+	if err := decodeStrict(r, &req); err != nil {
+		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -613,15 +609,10 @@ func (f *fakeDaemon) count() int {
 }
 
 func (f *fakeDaemon) exec(w http.ResponseWriter, r *http.Request) error {
-	s, err := f.find(r)
+	var req api.ExecRequest
+	s, err := f.findWith(r, &req)
 	if err != nil {
 		return err
-	}
-	var req api.ExecRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return api.Errorf(api.KindInvalid, "bad body: %v", err)
 	}
 	f.mu.Lock()
 	f.execs = append(f.execs, req)
@@ -697,15 +688,10 @@ func (s *fakeSandbox) command(req api.ExecRequest) (stdout, stderr *bytes.Buffer
 }
 
 func (f *fakeDaemon) startProc(w http.ResponseWriter, r *http.Request) error {
-	s, err := f.find(r)
+	var req api.ExecRequest
+	s, err := f.findWith(r, &req)
 	if err != nil {
 		return err
-	}
-	var req api.ExecRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return api.Errorf(api.KindInvalid, "bad body: %v", err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -963,7 +949,8 @@ func (f *fakeDaemon) download(w http.ResponseWriter, r *http.Request) error {
 		base = "."
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
-	tw := tar.NewWriter(w)
+	tw := tarball.NewWriter(w)
+	tw.KeepOwner, tw.HardLinks = true, true // as the agent writes it
 	err = filepath.Walk(top, func(full string, fi fs.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -973,25 +960,11 @@ func (f *fakeDaemon) download(w http.ResponseWriter, r *http.Request) error {
 		if fi.Mode()&fs.ModeSymlink != 0 {
 			link, _ = os.Readlink(full)
 		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
+		err = tw.Add(path.Join(base, filepath.ToSlash(rel)), fi, link, func() (io.ReadCloser, error) { return os.Open(full) })
+		if errors.Is(err, tarball.ErrSkipped) {
+			return nil
 		}
-		hdr.Name = path.Join(base, filepath.ToSlash(rel))
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(full)
-			if err != nil {
-				return err
-			}
-			tw.Write(b)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return err
@@ -1083,12 +1056,9 @@ func (f *fakeDaemon) importImage(w http.ResponseWriter, r *http.Request) error {
 // setNetwork replaces a sandbox's policy as the daemon does; a mode it
 // does not know is invalid.
 func (f *fakeDaemon) setNetwork(w http.ResponseWriter, r *http.Request) error {
-	s, err := f.find(r)
-	if err != nil {
-		return err
-	}
 	var p api.NetworkPolicy
-	if err := decodeStrict(r, &p); err != nil {
+	s, err := f.findWith(r, &p)
+	if err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -1124,6 +1094,15 @@ func (f *fakeDaemon) netEvent(sandbox, kind string, d map[string]any) {
 
 // decodeStrict decodes a JSON request body, refusing unknown fields as
 // the daemon does.
+// findWith is find, then decodeStrict of the request's body into v.
+func (f *fakeDaemon) findWith(r *http.Request, v any) (*fakeSandbox, error) {
+	s, err := f.find(r)
+	if err == nil {
+		err = decodeStrict(r, v)
+	}
+	return s, err
+}
+
 func decodeStrict(r *http.Request, v any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
@@ -1246,12 +1225,9 @@ func (f *fakeDaemon) buildImage(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (f *fakeDaemon) commit(w http.ResponseWriter, r *http.Request) error {
-	s, err := f.find(r)
-	if err != nil {
-		return err
-	}
 	var req api.CommitRequest
-	if err := decodeStrict(r, &req); err != nil {
+	s, err := f.findWith(r, &req)
+	if err != nil {
 		return err
 	}
 	if req.Name == "" || req.Name == "host" {

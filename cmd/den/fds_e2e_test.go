@@ -1,8 +1,6 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -17,9 +15,9 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
-	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/testenv"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // TestServeLeaksNoDescriptors runs the real den binary as a daemon started
@@ -34,15 +32,10 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root, as den serve does")
 	}
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
+	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("busybox not installed (apt-get install busybox-static)")
 	}
 	tmp := t.TempDir()
-	bin := filepath.Join(tmp, "den")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 
 	// The four descriptors: a host directory, a file in it, a listening
 	// unix socket and the read end of a pipe.
@@ -102,52 +95,26 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 		linuxLimit = lim.Max
 		t.Logf("cannot raise the open-files limit (%v): linux-tier commands keep the daemon's %d", err, lim.Max)
 	}
-	data := filepath.Join(tmp, "data")
-	run := fmt.Sprintf("/run/den-e2e/serve-%d", os.Getpid())
-	sock := filepath.Join(tmp, "den.sock")
-	logf, err := os.Create(filepath.Join(tmp, "serve.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "serve", "--listen", "unix://"+sock, "--data", data, "--run", run,
-		"--net=false", "--warm", "0", "--storage", "dir", "--default-memory", "512m", "--default-pids", "512")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = append([]*os.File{nil, nil, nil, nil}, extra...) // fds 7 to 10
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	daemon := cmd.Process.Pid
+	d := newDaemonWith(t, func(d *daemon) {
+		d.runtimes, d.storage = "linux,gvisor,microvm", "dir"
+		d.args = []string{"--default-memory", "512m", "--default-pids", "512"}
+		d.files = append([]*os.File{nil, nil, nil, nil}, extra...) // fds 7 to 10
+	})
+	daemon := d.proc.cmd.Process.Pid
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("den serve's log:\n%s", d.logText())
+		}
+	})
 	for _, f := range extra {
 		f.Close()
 	}
-	c := client.New("unix://" + sock)
-	ctx := context.Background()
-	t.Cleanup(func() {
-		all, _ := c.List(ctx, nil)
-		for _, s := range all {
-			c.Remove(ctx, s.ID, true)
-		}
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		for _, d := range []string{"linux", "gvisor", "microvm"} {
-			syscall.Unmount(filepath.Join(run, d), syscall.MNT_DETACH)
-		}
-		os.RemoveAll(run)
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("den serve's log:\n%s", b)
-		}
-	})
-	var info *api.Info
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if info, err = c.Info(ctx); err == nil {
-			break
-		}
-		if time.Now().After(deadline) || cmd.ProcessState != nil {
-			t.Fatalf("den serve did not answer: %v", err)
-		}
+	c, ctx := d.c, context.Background()
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	buildBusybox(t, c, bb)
+	e2e.BusyboxImage(t, c)
 
 	// What a command holds: the shell's own descriptors, listed by
 	// another process (so the listing's directory is not among them; by
@@ -208,30 +175,5 @@ func TestServeLeaksNoDescriptors(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// buildBusybox makes the image "busybox": busybox as /bin/busybox and
-// /bin/sh, and an /etc/passwd naming root and nobody.
-func buildBusybox(t *testing.T, c *client.Client, busybox string) {
-	t.Helper()
-	bin, err := os.ReadFile(busybox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{
-		"Dockerfile": []byte("FROM scratch\nCOPY busybox /bin/busybox\nCOPY busybox /bin/sh\nCOPY passwd /etc/passwd\n"),
-		"busybox":    bin,
-		"passwd":     []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"),
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for name, data := range files {
-		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg})
-		tw.Write(data)
-	}
-	tw.Close()
-	if _, err := c.BuildImage(context.Background(), &buf, client.BuildOptions{Tag: "busybox"}, nil); err != nil {
-		t.Fatal(err)
 	}
 }

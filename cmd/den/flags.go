@@ -404,3 +404,22 @@ func labelMap(list []string) map[string]string {
 	}
 	return m
 }
+
+// atLeastOne parses args with f; need is the usage error when they name
+// nothing.
+func (c *cli) atLeastOne(f *flagSet, v *verb, args []string, need string) ([]string, error) {
+	names, _, err := f.parse(args, -1, c.stdout)
+	if err == nil && len(names) == 0 {
+		err = usagef(v, "%s", need)
+	}
+	return names, err
+}
+
+// exactly parses args with f; need is the usage error unless they are n.
+func (c *cli) exactly(f *flagSet, v *verb, args []string, n int, need string) ([]string, error) {
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err == nil && len(pos) != n {
+		err = usagef(v, "%s", need)
+	}
+	return pos, err
+}

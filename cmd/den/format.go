@@ -12,6 +12,35 @@ import (
 )
 
 // newTable returns a tabwriter for column output like docker's.
+// printJSONList prints list as a JSON array: [] when there is none.
+func printJSONList[T any](c *cli, list []T) error {
+	if list == nil {
+		return c.printJSON([]any{})
+	}
+	return c.printJSON(list)
+}
+
+// printList prints what a list verb lists: with --json as a JSON array,
+// with -q key(x) a line, else a table of header and row(x) (a line, with
+// its newline) for each x.
+func printList[T any](c *cli, list []T, jsonOut, quiet bool, key func(T) string, header string, row func(T) string) error {
+	switch {
+	case jsonOut:
+		return printJSONList(c, list)
+	case quiet:
+		for _, x := range list {
+			fmt.Fprintln(c.stdout, key(x))
+		}
+		return nil
+	}
+	tw := newTable(c.stdout)
+	fmt.Fprintln(tw, header)
+	for _, x := range list {
+		fmt.Fprint(tw, row(x))
+	}
+	return tw.Flush()
+}
+
 func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/den-dev/den/internal/gitws/gitwstest"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // docExample returns the commands of the first ```sh block after the line
@@ -75,8 +76,8 @@ func runDocExample(t *testing.T, d *daemon, file, heading string, must []string)
 	work = t.TempDir()
 	cmd := exec.Command("/bin/sh", "-ex", "-c", script+"\necho \"ID=$id\"")
 	cmd.Dir = work
-	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + home,
-		"PATH=" + filepath.Dir(denBinary(t)) + ":/usr/bin:/bin"}
+	cmd.Env = []string{"DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + home,
+		"PATH=" + filepath.Dir(e2e.DenBinary(t)) + ":/usr/bin:/bin"}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the example of %s fails: %v\n%s", file, err, out)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,11 +12,11 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/build"
+	"github.com/den-dev/den/internal/tarball"
 )
 
 var verbImageBuild = &verb{
@@ -201,7 +200,7 @@ func (bc *buildContext) write(w io.Writer) error {
 		return err
 	}
 	defer root.Close()
-	tw := tar.NewWriter(w)
+	tw := tarball.NewWriter(w)
 	sent := map[string]bool{".": true}
 	for _, e := range entries {
 		if sent[e] || (bc.outside != "" && e == ".dockerignore") {
@@ -229,7 +228,7 @@ func (bc *buildContext) write(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := addBytes(tw, bc.dockerfile, df); err != nil {
+	if err := tw.AddBytes(bc.dockerfile, df); err != nil {
 		return err
 	}
 	ignore, err := root.ReadFile(".dockerignore")
@@ -240,63 +239,27 @@ func (bc *buildContext) write(w io.Writer) error {
 		ignore = []byte(".dockerignore\n")
 	}
 	ignore = append(ignore, "\n/"+bc.dockerfile+"\n"...)
-	if err := addBytes(tw, ".dockerignore", ignore); err != nil {
+	if err := tw.AddBytes(".dockerignore", ignore); err != nil {
 		return err
 	}
 	return tw.Close()
 }
 
 // addEntry writes the file, directory or symlink rel of root to tw.
-func addEntry(tw *tar.Writer, root *os.Root, rel string) error {
+func addEntry(tw *tarball.Writer, root *os.Root, rel string) error {
 	info, err := root.Lstat(rel)
 	if err != nil {
 		return err
 	}
-	mode := info.Mode()
 	target := ""
-	switch {
-	case mode&fs.ModeSymlink != 0:
+	if info.Mode()&fs.ModeSymlink != 0 {
 		if target, err = root.Readlink(rel); err != nil {
 			return err
 		}
-	case !mode.IsRegular() && !mode.IsDir():
+	}
+	err = tw.Add(path.Clean(rel), info, target, func() (io.ReadCloser, error) { return root.Open(rel) })
+	if errors.Is(err, tarball.ErrSkipped) {
 		return nil
 	}
-	hdr, err := tar.FileInfoHeader(info, target)
-	if err != nil {
-		return err
-	}
-	hdr.Name = path.Clean(rel)
-	if mode.IsDir() {
-		hdr.Name += "/"
-	}
-	hdr.ModTime = hdr.ModTime.Truncate(time.Second)
-	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-	hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
-	if !mode.IsRegular() {
-		return tw.WriteHeader(hdr)
-	}
-	file, err := root.Open(rel)
-	if err != nil {
-		return err
-	}
-	defer file.Close()
-	if err := tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	// Exactly the header's size, even if the file changed meanwhile.
-	n, err := io.Copy(tw, io.LimitReader(file, hdr.Size))
-	if err == nil && n < hdr.Size {
-		_, err = io.CopyN(tw, zeros{}, hdr.Size-n)
-	}
-	return err
-}
-
-func addBytes(tw *tar.Writer, name string, b []byte) error {
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(b)), ModTime: time.Now().Truncate(time.Second)}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	_, err := tw.Write(b)
 	return err
 }

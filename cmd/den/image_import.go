@@ -26,12 +26,9 @@ func cmdImageImport(c *cli, v *verb, args []string) error {
 	name := f.String("name", "", "NAME", "name the image (for an archive that holds one)")
 	quiet := f.Bool("quiet", "q", "print no progress")
 	jsonOut := f.jsonFlag("print the imported images as a JSON array")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "image import needs exactly one FILE (- for standard input)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "image import needs exactly one FILE (- for standard input)")
 	}
 	var r io.Reader = c.stdin
 	if pos[0] != "-" {
@@ -53,10 +50,7 @@ func cmdImageImport(c *cli, v *verb, args []string) error {
 		return err
 	}
 	if *jsonOut {
-		if imgs == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(imgs)
+		return printJSONList(c, imgs)
 	}
 	for _, img := range imgs {
 		fmt.Fprintln(c.stdout, img.Name)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+
+	"github.com/den-dev/den/client"
 )
 
 var verbImageInspect = &verb{
@@ -14,32 +16,7 @@ var verbImageInspect = &verb{
 }
 
 func cmdImageInspect(c *cli, v *verb, args []string) error {
-	f := newFlags(v)
-	f.jsonFlag("print JSON (the default and only format)")
-	names, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	if len(names) == 0 {
-		return usagef(v, "image inspect needs at least one image name")
-	}
-	cl := c.client(f)
-	out := []any{}
-	failed := false
-	for _, name := range names {
-		img, err := cl.Image(context.Background(), name)
-		if err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		out = append(out, img)
-	}
-	if err := c.printJSON(out); err != nil {
-		return err
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return c.eachJSON(v, args, "image inspect needs at least one image name", func(cl *client.Client, name string) (any, error) {
+		return cl.Image(context.Background(), name)
+	})
 }

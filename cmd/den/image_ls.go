@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/den-dev/den/api"
 )
 
 var verbImageLs = &verb{
@@ -31,23 +33,10 @@ func cmdImageLs(c *cli, v *verb, args []string) error {
 		return err
 	}
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Name < list[j].Name })
-	switch {
-	case *jsonOut:
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
-	case *quiet:
-		for _, img := range list {
-			fmt.Fprintln(c.stdout, img.Name)
-		}
-		return nil
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "NAME\tID\tSIZE\tCREATED")
 	now := time.Now()
-	for _, img := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", img.Name, shortID(img.ID), humanSize(img.Size), ago(img.CreatedAt, now))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, *quiet, func(img *api.Image) string { return img.Name },
+		"NAME\tID\tSIZE\tCREATED",
+		func(img *api.Image) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\n", img.Name, shortID(img.ID), humanSize(img.Size), ago(img.CreatedAt, now))
+		})
 }

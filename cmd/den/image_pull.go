@@ -34,12 +34,9 @@ func cmdImagePull(c *cli, v *verb, args []string) error {
 	platform := f.String("platform", "", "OS/ARCH", "the platform to pull from a multi-platform image (default linux/<the daemon's architecture>)")
 	quiet := f.Bool("quiet", "q", "print no progress")
 	jsonOut := f.jsonFlag("print the image as JSON")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "image pull needs exactly one image reference (REF)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "image pull needs exactly one image reference (REF)")
 	}
 	req := api.PullRequest{Ref: pos[0], Name: *name, Username: *user, Insecure: *insecure, Platform: *platform}
 	if *passStdin {
@@ -60,11 +57,7 @@ func cmdImagePull(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return c.printJSON(img)
-	}
-	fmt.Fprintln(c.stdout, img.Name)
-	return nil
+	return c.printResult(*jsonOut, img, img.Name)
 }
 
 // readPassword reads a password from r: its first line, without the line

@@ -2,7 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
+
+	"github.com/den-dev/den/client"
 )
 
 var verbImageRm = &verb{
@@ -15,26 +16,7 @@ var verbImageRm = &verb{
 }
 
 func cmdImageRm(c *cli, v *verb, args []string) error {
-	f := newFlags(v)
-	names, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	if len(names) == 0 {
-		return usagef(v, "image rm needs at least one image name")
-	}
-	cl := c.client(f)
-	failed := false
-	for _, name := range names {
-		if err := cl.RemoveImage(context.Background(), name); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, name)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return c.eachArg(v, args, "image rm needs at least one image name", func(cl *client.Client, name string) error {
+		return cl.RemoveImage(context.Background(), name)
+	})
 }

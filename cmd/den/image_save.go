@@ -24,12 +24,9 @@ the host's own files.`,
 func cmdImageSave(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	output := f.String("output", "o", "FILE", "write the archive to FILE instead of standard output")
-	names, _, err := f.parse(args, -1, c.stdout)
+	names, err := c.atLeastOne(f, v, args, "image save needs at least one image name")
 	if err != nil {
 		return err
-	}
-	if len(names) == 0 {
-		return usagef(v, "image save needs at least one image name")
 	}
 	if _, tty := terminalFd(c.stdout); *output == "" && tty {
 		return errors.New("refusing to write an archive to a terminal: use -o FILE or redirect standard output")

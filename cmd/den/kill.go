@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strings"
 )
 
@@ -38,17 +37,7 @@ func cmdKill(c *cli, v *verb, args []string) error {
 		sig = "KILL"
 	}
 	cl := c.client(f)
-	failed := false
-	for _, proc := range pos[1:] {
-		if err := cl.Kill(context.Background(), pos[0], proc, sig); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, proc)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return each(c, v, pos[1:], false, func(proc string) error {
+		return cl.Kill(context.Background(), pos[0], proc, sig)
+	})
 }

@@ -30,11 +30,7 @@ func cmdLogs(c *cli, v *verb, args []string) error {
 	f.Var(boolValue{&opts.Follow}, "follow", "f", "", "follow new output until the process ends, then exit with its exit code")
 	f.Var(intValue{&opts.Tail}, "tail", "n", "N", "start with only the last N lines (0: only new output)")
 	f.Var(sinceValue{&opts.Since}, "since", "", "TIME", "only output since TIME: RFC 3339, a date, or a duration like 10m")
-	pos, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	id, proc, err := procArgs(v, pos)
+	id, proc, err := c.procArgs(f, v, args)
 	if err != nil {
 		return err
 	}
@@ -56,8 +52,12 @@ func cmdLogs(c *cli, v *verb, args []string) error {
 	return c.statusExit(st, 0, false)
 }
 
-// procArgs checks the ID PROC arguments of a process verb.
-func procArgs(v *verb, pos []string) (id, proc string, err error) {
+// procArgs parses the arguments of a process verb with f: ID PROC.
+func (c *cli) procArgs(f *flagSet, v *verb, args []string) (id, proc string, err error) {
+	pos, _, err := f.parse(args, -1, c.stdout)
+	if err != nil {
+		return "", "", err
+	}
 	if len(pos) != 2 {
 		return "", "", usagef(v, "%s needs a sandbox ID and a process id (PROC), like: den %s web p1", v.name, v.name)
 	}

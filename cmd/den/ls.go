@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/den-dev/den/api"
 )
 
 var verbLs = &verb{
@@ -34,23 +36,10 @@ func cmdLs(c *cli, v *verb, args []string) error {
 		return err
 	}
 	sort.SliceStable(list, func(i, j int) bool { return list[i].CreatedAt.After(list[j].CreatedAt) })
-	switch {
-	case *jsonOut:
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
-	case *quiet:
-		for _, sb := range list {
-			fmt.Fprintln(c.stdout, sb.ID)
-		}
-		return nil
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "ID\tNAME\tIMAGE\tSTATE\tNET\tCREATED\tLABELS")
 	now := time.Now()
-	for _, sb := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", shortID(sb.ID), sb.Name, sb.Image, sb.State, netMode(sb.Network), ago(sb.CreatedAt, now), labelText(sb.Labels))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, *quiet, func(sb *api.Sandbox) string { return sb.ID },
+		"ID\tNAME\tIMAGE\tSTATE\tNET\tCREATED\tLABELS",
+		func(sb *api.Sandbox) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", shortID(sb.ID), sb.Name, sb.Image, sb.State, netMode(sb.Network), ago(sb.CreatedAt, now), labelText(sb.Labels))
+		})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/confine"
+	"github.com/den-dev/den/internal/reexec"
 )
 
 func main() {
@@ -26,9 +27,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "den: %v\n", err)
 		os.Exit(1)
 	}
-	if runHidden(os.Args[1:]) {
-		return
-	}
+	reexec.Run(os.Args[1:]) // a sandbox's init, a tier's agent, the userns holder
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
@@ -246,6 +245,16 @@ func (c *cli) printJSON(v any) error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
+}
+
+// printResult prints what a verb made or changed: v as JSON with --json,
+// else line.
+func (c *cli) printResult(jsonOut bool, v any, line string) error {
+	if jsonOut {
+		return c.printJSON(v)
+	}
+	fmt.Fprintln(c.stdout, line)
+	return nil
 }
 
 // shortID is the 12-character form of an id shown in tables.

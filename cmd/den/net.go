@@ -484,10 +484,7 @@ func netLogLine(cells []string) string {
 func cmdNetLog(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	filter := client.EventFilter{Type: "net."}
-	f.Var(sinceValue{&filter.Since}, "since", "", "TIME", "only events since TIME: RFC 3339, a date, or a duration like 10m")
-	f.Var(intValue{&filter.Limit}, "limit", "n", "N", "print at most N events")
-	jsonOut := f.jsonFlag("print the events as a JSON array (with -f, one JSON object a line)")
-	follow := f.Bool("follow", "f", "keep printing new events as they come, until Ctrl-C")
+	jsonOut, follow := eventFlags(f, &filter)
 	pos, _, err := f.parse(args, -1, c.stdout)
 	if err != nil {
 		return err
@@ -518,16 +515,7 @@ func cmdNetLog(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, strings.Join(netLogHeader, "\t"))
-	for _, e := range list {
-		fmt.Fprintln(tw, strings.Join(netRow(e), "\t"))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, false, nil, strings.Join(netLogHeader, "\t"), func(e *api.Event) string {
+		return strings.Join(netRow(e), "\t") + "\n"
+	})
 }

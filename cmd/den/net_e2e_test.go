@@ -15,13 +15,14 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // cliSplit runs den as a CLI against the daemon, as root, and returns its
 // stdout, its stderr and its exit code.
 func (d *daemon) cliSplit(args ...string) (stdout, stderr string, code int) {
 	d.t.Helper()
-	cmd := exec.Command(denBinary(d.t), args...)
+	cmd := exec.Command(e2e.DenBinary(d.t), args...)
 	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=/", "PATH=/usr/bin:/bin"}
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e

@@ -142,12 +142,9 @@ func cmdPort(c *cli, v *verb, args []string) error {
 	public := f.Bool("public", "", "no token: anyone who can reach the daemon's listener can use the preview")
 	rotate := f.Bool("rotate", "", "give a private port that is already shared a new token (the old URLs stop working)")
 	jsonOut := f.jsonFlag(`print JSON: the Preview (port, public, token, path, host) with its url, host_url and path_url (and socket, for a daemon on a unix socket only)`)
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 2, "port needs a sandbox ID and a PORT, like: den port web 8000 (den port ls ID lists the shared ports)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return usagef(v, "port needs a sandbox ID and a PORT, like: den port web 8000 (den port ls ID lists the shared ports)")
 	}
 	port, err := parsePort(v, pos[1])
 	if err != nil {
@@ -243,17 +240,7 @@ func cmdPortRm(c *cli, v *verb, args []string) error {
 		ports = append(ports, p)
 	}
 	cl := c.client(f)
-	failed := false
-	for _, p := range ports {
-		if err := cl.UnsharePort(context.Background(), pos[0], p); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, p)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return each(c, v, ports, false, func(p int) error {
+		return cl.UnsharePort(context.Background(), pos[0], p)
+	})
 }

@@ -35,42 +35,26 @@ func cmdPs(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	quiet := f.Bool("quiet", "q", "print only process ids")
 	jsonOut := f.jsonFlag("print the processes as a JSON array")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "ps needs one sandbox ID")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "ps needs one sandbox ID")
 	}
 	list, err := c.client(f).Processes(context.Background(), pos[0])
 	if err != nil {
 		return err
 	}
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Started.Before(list[j].Started) })
-	switch {
-	case *jsonOut:
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
-	case *quiet:
-		for _, p := range list {
-			fmt.Fprintln(c.stdout, p.ID)
-		}
-		return nil
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "PROC\tNAME\tPID\tSTATE\tEXIT\tRESTARTS\tSTARTED\tENDED\tDESCENDANTS\tCOMMAND")
 	now := time.Now()
-	for _, p := range list {
-		restarts := ""
-		if p.Restart != "" {
-			restarts = fmt.Sprintf("%d (%s)", p.Restarts, p.Restart)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Pid, p.State, exitText(p.Exit),
-			restarts, ago(p.Started, now), ago(p.Ended, now), pidList(p.Descendants), benchQuote(p.Cmd))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, *quiet, func(p *api.ProcessInfo) string { return p.ID },
+		"PROC\tNAME\tPID\tSTATE\tEXIT\tRESTARTS\tSTARTED\tENDED\tDESCENDANTS\tCOMMAND",
+		func(p *api.ProcessInfo) string {
+			restarts := ""
+			if p.Restart != "" {
+				restarts = fmt.Sprintf("%d (%s)", p.Restarts, p.Restart)
+			}
+			return fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Pid, p.State, exitText(p.Exit),
+				restarts, ago(p.Started, now), ago(p.Ended, now), pidList(p.Descendants), benchQuote(p.Cmd))
+		})
 }
 
 // exitText is how a process ended, for the EXIT column: the exit code, the

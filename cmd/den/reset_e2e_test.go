@@ -15,12 +15,13 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/instance"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // resetCLI runs den system reset on d's data directory, as root.
 func resetCLI(t *testing.T, d *daemon, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(denBinary(t), append([]string{"system", "reset", "--data", d.data}, args...)...)
+	cmd := exec.Command(e2e.DenBinary(t), append([]string{"system", "reset", "--data", d.data}, args...)...)
 	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "HOME=/", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -295,7 +296,7 @@ func TestSystemReset(t *testing.T) {
 	run2 := t.TempDir()
 	ctx2, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx2, denBinary(t), "serve", "--data", b.d.data, "--run", run2, "--listen", "unix://"+run2+"/den.sock",
+	cmd := exec.CommandContext(ctx2, e2e.DenBinary(t), "serve", "--data", b.d.data, "--run", run2, "--listen", "unix://"+run2+"/den.sock",
 		"--net=false", "--runtimes", "linux", "--warm", "0", "--storage", "dir")
 	cmd.Env = append(os.Environ(), "DEN_TEST_RUN_DEN=1")
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "is using the data directory") || !strings.Contains(string(out), "stop it first, or give this daemon another --data") {

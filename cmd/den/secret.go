@@ -206,12 +206,9 @@ func cmdSecretLs(c *cli, v *verb, args []string) error {
 
 func cmdSecretRm(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
-	names, _, err := f.parse(args, -1, c.stdout)
+	names, err := c.atLeastOne(f, v, args, "secret rm needs at least one NAME")
 	if err != nil {
 		return err
-	}
-	if len(names) == 0 {
-		return usagef(v, "secret rm needs at least one NAME")
 	}
 	for _, n := range names {
 		if err := checkSecretName(v, n); err != nil {
@@ -219,17 +216,7 @@ func cmdSecretRm(c *cli, v *verb, args []string) error {
 		}
 	}
 	cl := c.client(f)
-	failed := false
-	for _, n := range names {
-		if err := cl.DeleteSecret(context.Background(), n); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, n)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return each(c, v, names, false, func(n string) error {
+		return cl.DeleteSecret(context.Background(), n)
+	})
 }

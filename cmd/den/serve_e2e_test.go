@@ -19,6 +19,7 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/storage"
+	"github.com/den-dev/den/internal/testenv/e2e"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,49 +27,9 @@ import (
 // see TestMain) as root, kill them, and run the CLI as other users.
 
 func TestMain(m *testing.M) {
-	// A sandbox's init is a copy of this binary, as of den's.
-	if runHidden(os.Args[1:]) {
-		os.Exit(0)
-	}
-	if os.Getenv("DEN_TEST_RUN_DEN") == "1" {
-		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
-
-var denExe struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// denBinary is a copy of this test binary that any user may run (the go
-// tool's build directory is root's alone).
-func denBinary(t *testing.T) string {
-	t.Helper()
-	denExe.once.Do(func() {
-		self, err := os.Executable()
-		if err != nil {
-			denExe.err = err
-			return
-		}
-		dir, err := os.MkdirTemp("", "den-e2e-bin-")
-		if err != nil {
-			denExe.err = err
-			return
-		}
-		os.Chmod(dir, 0o755)
-		b, err := os.ReadFile(self)
-		if err == nil {
-			denExe.path = filepath.Join(dir, "den")
-			err = os.WriteFile(denExe.path, b, 0o755)
-		}
-		denExe.err = err
-	})
-	if denExe.err != nil {
-		t.Fatal(denExe.err)
-	}
-	return denExe.path
+	code := m.Run()
+	e2e.RemoveDenBinary()
+	os.Exit(code)
 }
 
 // serveProc is a running `den serve`.
@@ -88,8 +49,10 @@ type daemon struct {
 	token     string
 	storage   string
 	grace     string // --shutdown-grace
+	runtimes  string // --runtimes
 	env       []string
-	args      []string // more den serve flags
+	args      []string   // more den serve flags
+	files     []*os.File // descriptors 3, 4... of the first start (nil: none there)
 	proc      *serveProc
 	c         *client.Client
 }
@@ -115,11 +78,18 @@ var serveSeq struct {
 // and starts it. env is added to the daemon's environment.
 func newDaemon(t *testing.T, env ...string) *daemon {
 	t.Helper()
-	return newDaemonArgs(t, nil, env...)
+	return newDaemonWith(t, func(d *daemon) { d.env = env })
 }
 
 // newDaemonArgs is newDaemon with more den serve flags.
 func newDaemonArgs(t *testing.T, args []string, env ...string) *daemon {
+	t.Helper()
+	return newDaemonWith(t, func(d *daemon) { d.args, d.env = args, env })
+}
+
+// newDaemonWith is newDaemon with a chance to change the daemon (its
+// flags, tiers, environment, inherited descriptors) before it starts.
+func newDaemonWith(t *testing.T, setup func(d *daemon)) *daemon {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("den serve needs root")
@@ -134,10 +104,11 @@ func newDaemonArgs(t *testing.T, args []string, env ...string) *daemon {
 	}
 	addr := "tcp://" + ln.Addr().String()
 	ln.Close()
-	d := &daemon{t: t, data: t.TempDir(), run: fmt.Sprintf("/run/den-e2e/serve-%d-%d", os.Getpid(), n), addr: addr, env: env, args: args, storage: "dir", grace: "20s"}
+	d := &daemon{t: t, data: t.TempDir(), run: fmt.Sprintf("/run/den-e2e/serve-%d-%d", os.Getpid(), n), addr: addr, storage: "dir", grace: "20s", runtimes: "linux"}
 	if _, err := exec.LookPath("mkfs.btrfs"); err == nil {
 		d.storage = "btrfs"
 	}
+	setup(d)
 	t.Cleanup(d.cleanup)
 	d.start()
 	return d
@@ -146,12 +117,13 @@ func newDaemonArgs(t *testing.T, args []string, env ...string) *daemon {
 func (d *daemon) start() {
 	t := d.t
 	t.Helper()
-	cmd := exec.Command(denBinary(t), "serve", "--data", d.data, "--run", d.run,
+	cmd := exec.Command(e2e.DenBinary(t), "serve", "--data", d.data, "--run", d.run,
 		"--listen", d.addr, "--listen", "unix://"+filepath.Join(d.run, "den.sock"),
-		"--warm", "0", "--runtimes", "linux", "--net=false", "--storage", d.storage, "--storage-size", "2g",
+		"--warm", "0", "--runtimes", d.runtimes, "--net=false", "--storage", d.storage, "--storage-size", "2g",
 		"--shutdown-grace", d.grace)
 	cmd.Args = append(cmd.Args, d.args...)
-	cmd.Env = append(append(os.Environ(), "DEN_TEST_RUN_DEN=1"), d.env...)
+	cmd.Env = append(os.Environ(), d.env...)
+	cmd.ExtraFiles, d.files = d.files, nil // the test closes its copies once den has them
 	p := &serveProc{cmd: cmd, done: make(chan struct{}), log: &bytes.Buffer{}, mu: &sync.Mutex{}}
 	cmd.Stdout = lockedBuffer{p.mu, p.log}
 	cmd.Stderr = cmd.Stdout
@@ -238,8 +210,8 @@ func (d *daemon) cleanup() {
 // cli runs den as a CLI against the daemon over TCP with its token, as
 // the user uid:gid (0 for root).
 func (d *daemon) cli(uid int, args ...string) (string, error) {
-	cmd := exec.Command(denBinary(d.t), args...)
-	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=/", "PATH=/usr/bin:/bin"}
+	cmd := exec.Command(e2e.DenBinary(d.t), args...)
+	cmd.Env = []string{"DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=/", "PATH=/usr/bin:/bin"}
 	if uid != 0 {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
 	}

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/den-dev/den/api"
 )
 
 var verbSessions = &verb{
@@ -38,31 +40,19 @@ func cmdSessions(c *cli, v *verb, args []string) error {
 	}
 	f := newFlags(v)
 	jsonOut := f.jsonFlag("print the sessions as a JSON array")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "sessions needs one sandbox ID (to remove a session: den sessions rm ID NAME)")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "sessions needs one sandbox ID (to remove a session: den sessions rm ID NAME)")
 	}
 	list, err := c.client(f).Sessions(context.Background(), pos[0])
 	if err != nil {
 		return err
 	}
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Started.Before(list[j].Started) })
-	if *jsonOut {
-		if list == nil {
-			return c.printJSON([]any{})
-		}
-		return c.printJSON(list)
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "NAME\tPID\tSTARTED\tBUSY")
 	now := time.Now()
-	for _, s := range list {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.Pid, ago(s.Started, now), strconv.FormatBool(s.Busy))
-	}
-	return tw.Flush()
+	return printList(c, list, *jsonOut, false, nil, "NAME\tPID\tSTARTED\tBUSY", func(s *api.Session) string {
+		return fmt.Sprintf("%s\t%d\t%s\t%s\n", s.Name, s.Pid, ago(s.Started, now), strconv.FormatBool(s.Busy))
+	})
 }
 
 func cmdSessionsRm(c *cli, v *verb, args []string) error {
@@ -75,17 +65,7 @@ func cmdSessionsRm(c *cli, v *verb, args []string) error {
 		return usagef(v, "sessions rm needs a sandbox ID and a session NAME, like: den sessions rm web build")
 	}
 	cl := c.client(f)
-	failed := false
-	for _, name := range pos[1:] {
-		if err := cl.CloseSession(context.Background(), pos[0], name); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, name)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return each(c, v, pos[1:], false, func(name string) error {
+		return cl.CloseSession(context.Background(), pos[0], name)
+	})
 }

@@ -27,12 +27,9 @@ func cmdShell(c *cli, v *verb, args []string) error {
 	f.Var(listValue{&env, checkEnv}, "env", "e", "K=V", "set an environment variable (repeatable; -e K passes den's own $K)")
 	f.Var(stringValue{&workdir}, "workdir", "w", "DIR", "working directory of the shell")
 	f.Var(stringValue{&user}, "user", "u", "USER", "user (name or uid[:gid]) to run the shell as")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "shell needs one sandbox ID, like: den shell web")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "shell needs one sandbox ID, like: den shell web")
 	}
 	req := api.ExecRequest{Cmd: loginShell, Env: env, Workdir: workdir, User: user}
 	return c.ttyExit(c.runTTY(c.client(f), pos[0], req, true))

@@ -61,7 +61,7 @@ var verbSnapshotCreate = &verb{
 		name := f.String("name", "", "NAME", "name the snapshot")
 		memory := f.Bool("memory", "", "keep the running processes and memory too (gvisor, microvm)")
 		jsonOut := f.jsonFlag("print the snapshot as JSON")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "snapshot create needs one sandbox ID")
 		if err != nil {
 			return err
 		}
@@ -69,11 +69,7 @@ var verbSnapshotCreate = &verb{
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(s)
-		}
-		fmt.Fprintln(c.stdout, s.ID)
-		return nil
+		return c.printResult(*jsonOut, s, s.ID)
 	},
 }
 
@@ -134,7 +130,7 @@ var verbSnapshotInspect = &verb{
 	synopsis: "[flags] SNAPSHOT...",
 	example:  "den snapshot inspect before-upgrade",
 	run: func(c *cli, v *verb, args []string) error {
-		return c.eachJSON(v, args, func(cl *client.Client, id string) (any, error) {
+		return c.eachJSON(v, args, "snapshot inspect needs at least one argument", func(cl *client.Client, id string) (any, error) {
 			return cl.GetSnapshot(context.Background(), id)
 		})
 	},
@@ -212,7 +208,7 @@ free here). Then den create --from ID starts sandboxes from it.`,
 	run: func(c *cli, v *verb, args []string) error {
 		f := newFlags(v)
 		jsonOut := f.jsonFlag("print the snapshot as JSON")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "snapshot load needs one FILE (- for standard input)")
 		if err != nil {
 			return err
 		}
@@ -229,11 +225,7 @@ free here). Then den create --from ID starts sandboxes from it.`,
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(s)
-		}
-		fmt.Fprintln(c.stdout, s.ID)
-		return nil
+		return c.printResult(*jsonOut, s, s.ID)
 	},
 }
 
@@ -248,7 +240,7 @@ it was running; its id, name, network policy, ports and volumes stay.`,
 	run: func(c *cli, v *verb, args []string) error {
 		f := newFlags(v)
 		jsonOut := f.jsonFlag("print the sandbox as JSON")
-		pos, _, err := f.parse(args, 2, c.stdout)
+		pos, err := c.exactly(f, v, args, 2, "restore needs a sandbox ID and a SNAPSHOT")
 		if err != nil {
 			return err
 		}
@@ -256,11 +248,7 @@ it was running; its id, name, network policy, ports and volumes stay.`,
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(sb)
-		}
-		fmt.Fprintln(c.stdout, sb.ID)
-		return nil
+		return c.printResult(*jsonOut, sb, sb.ID)
 	},
 }
 
@@ -287,7 +275,7 @@ the source are not carried over), and the source runs on from it.`,
 		f.Var(listValue{&labels, checkLabel}, "label", "l", "K=V", "set a label on every fork (repeatable)")
 		memory := f.Bool("memory", "", "forks keep the running processes and memory (gvisor, microvm)")
 		jsonOut := f.jsonFlag("print the new sandboxes as a JSON array")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "fork needs one sandbox ID")
 		if err != nil {
 			return err
 		}
@@ -330,7 +318,7 @@ var verbVolumeCreate = &verb{
 		var size api.Size
 		f.Var(sizeValue{&size}, "size", "", "SIZE", "quota, like 10g (enforced by the kernel; default: the daemon's --default-disk, or a token's --disk cap)")
 		jsonOut := f.jsonFlag("print the volume as JSON")
-		pos, _, err := f.parse(args, 1, c.stdout)
+		pos, err := c.exactly(f, v, args, 1, "volume create needs one NAME")
 		if err != nil {
 			return err
 		}
@@ -338,11 +326,7 @@ var verbVolumeCreate = &verb{
 		if err != nil {
 			return err
 		}
-		if *jsonOut {
-			return c.printJSON(vol)
-		}
-		fmt.Fprintln(c.stdout, vol.Name)
-		return nil
+		return c.printResult(*jsonOut, vol, vol.Name)
 	},
 }
 
@@ -384,7 +368,7 @@ var verbVolumeInspect = &verb{
 	synopsis: "[flags] NAME...",
 	example:  "den volume inspect data",
 	run: func(c *cli, v *verb, args []string) error {
-		return c.eachJSON(v, args, func(cl *client.Client, name string) (any, error) {
+		return c.eachJSON(v, args, "volume inspect needs at least one argument", func(cl *client.Client, name string) (any, error) {
 			return cl.GetVolume(context.Background(), name)
 		})
 	},

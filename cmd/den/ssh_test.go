@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 func TestSSHCommandLine(t *testing.T) {
@@ -162,8 +163,8 @@ func TestSSHInfoRealDaemon(t *testing.T) {
 		t.Errorf("den info: %v\n%s", err, out)
 	}
 	cfg := t.TempDir()
-	cmd := exec.Command(denBinary(t), "ssh", "--json", "web")
-	cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + cfg, "XDG_CONFIG_HOME=" + cfg, "DEN_DATA=" + t.TempDir(), "PATH=/usr/bin:/bin"}
+	cmd := exec.Command(e2e.DenBinary(t), "ssh", "--json", "web")
+	cmd.Env = []string{"DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + cfg, "XDG_CONFIG_HOME=" + cfg, "DEN_DATA=" + t.TempDir(), "PATH=/usr/bin:/bin"}
 	b, err := cmd.Output()
 	var out struct {
 		Argv       []string `json:"argv"`

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 )
 
 var verbSSHKey = &verb{
@@ -67,12 +68,9 @@ func cmdSSHKeyAdd(c *cli, v *verb, args []string) error {
 	name := f.String("name", "n", "NAME", "a label for the key (default: the key's comment)")
 	sandbox := f.String("sandbox", "s", "ID", "restrict the key to this sandbox")
 	jsonOut := f.jsonFlag("print the key as JSON")
-	pos, _, err := f.parse(args, -1, c.stdout)
+	pos, err := c.exactly(f, v, args, 1, "ssh-key add needs one KEYFILE (a .pub file) or - for standard input")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usagef(v, "ssh-key add needs one KEYFILE (a .pub file) or - for standard input")
 	}
 	var r io.Reader
 	if pos[0] == "-" {
@@ -93,11 +91,7 @@ func cmdSSHKeyAdd(c *cli, v *verb, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *jsonOut {
-		return c.printJSON(k)
-	}
-	fmt.Fprintln(c.stdout, k.ID)
-	return nil
+	return c.printResult(*jsonOut, k, k.ID)
 }
 
 // keyLine returns the one key line of a .pub file (blank lines and
@@ -163,26 +157,7 @@ func cmdSSHKeyLs(c *cli, v *verb, args []string) error {
 }
 
 func cmdSSHKeyRm(c *cli, v *verb, args []string) error {
-	f := newFlags(v)
-	ids, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	if len(ids) == 0 {
-		return usagef(v, "ssh-key rm needs at least one key ID (see den ssh-key ls)")
-	}
-	cl := c.client(f)
-	failed := false
-	for _, id := range ids {
-		if err := cl.RemoveSSHKey(context.Background(), id); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, id)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return c.eachArg(v, args, "ssh-key rm needs at least one key ID (see den ssh-key ls)", func(cl *client.Client, id string) error {
+		return cl.RemoveSSHKey(context.Background(), id)
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 )
 
 var verbToken = &verb{
@@ -168,26 +169,7 @@ func cmdTokenLs(c *cli, v *verb, args []string) error {
 }
 
 func cmdTokenRm(c *cli, v *verb, args []string) error {
-	f := newFlags(v)
-	names, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	if len(names) == 0 {
-		return usagef(v, "token rm needs at least one token ID or NAME (see den token ls)")
-	}
-	cl := c.client(f)
-	failed := false
-	for _, n := range names {
-		if err := cl.RemoveToken(context.Background(), n); err != nil {
-			c.report(v, err)
-			failed = true
-			continue
-		}
-		fmt.Fprintln(c.stdout, n)
-	}
-	if failed {
-		return exitError(1)
-	}
-	return nil
+	return c.eachArg(v, args, "token rm needs at least one token ID or NAME (see den token ls)", func(cl *client.Client, n string) error {
+		return cl.RemoveToken(context.Background(), n)
+	})
 }

@@ -19,11 +19,7 @@ Ctrl-C stops waiting; the process keeps running.`,
 func cmdWait(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
 	jsonOut := f.jsonFlag("print the exit status as JSON")
-	pos, _, err := f.parse(args, -1, c.stdout)
-	if err != nil {
-		return err
-	}
-	id, proc, err := procArgs(v, pos)
+	id, proc, err := c.procArgs(f, v, args)
 	if err != nil {
 		return err
 	}

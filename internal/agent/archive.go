@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/tarball"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,8 +33,8 @@ func writeTar(w io.Writer, p string) error {
 	if p == "/" {
 		parent = "/"
 	}
-	tw := tar.NewWriter(w)
-	links := map[[2]uint64]string{}
+	tw := tarball.NewWriter(w)
+	tw.KeepOwner, tw.HardLinks = true, true
 	walk := func(full string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if full == p {
@@ -54,44 +54,15 @@ func writeTar(w io.Writer, p string) error {
 		if info.Mode()&fs.ModeSymlink != 0 {
 			target, _ = os.Readlink(full)
 		}
-		hdr, err := tar.FileInfoHeader(info, target)
-		if err != nil {
-			return nil // sockets and the like
-		}
-		hdr.Name = rel
-		if info.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok && info.Mode().IsRegular() && sys.Nlink > 1 {
-			key := [2]uint64{sys.Dev, sys.Ino}
-			if first, ok := links[key]; ok {
-				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
-				return tw.WriteHeader(hdr)
+		err = tw.Add(rel, info, target, func() (io.ReadCloser, error) {
+			f, err := openFile(full, unix.O_RDONLY|unix.O_NOFOLLOW, 0)
+			if err != nil {
+				return nil, tarball.Skip(err)
 			}
-			links[key] = rel
-		}
-		if !info.Mode().IsRegular() {
-			if info.Mode()&(fs.ModeSymlink|fs.ModeDir) == 0 {
-				return nil // devices, fifos, sockets are not copied
-			}
-			return tw.WriteHeader(hdr)
-		}
-		f, err := openFile(full, unix.O_RDONLY|unix.O_NOFOLLOW, 0)
-		if err != nil {
-			return nil
-		}
-		defer f.Close()
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		// Copy exactly the header's size even if the file changed meanwhile.
-		n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
-		if err != nil {
-			return err
-		}
-		if n < hdr.Size {
-			_, err = io.CopyN(tw, zeroReader{}, hdr.Size-n)
+			return f, nil
+		})
+		if errors.Is(err, tarball.ErrSkipped) {
+			return nil // devices, fifos, sockets are not copied; nor files that cannot be opened
 		}
 		return err
 	}
@@ -104,13 +75,6 @@ func writeTar(w io.Writer, p string) error {
 		return fileError(err)
 	}
 	return tw.Close()
-}
-
-type zeroReader struct{}
-
-func (zeroReader) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
 }
 
 // ExtractTar unpacks a tar stream into dir with the same guarantees as the

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -113,61 +114,58 @@ type execOut struct {
 	Denied     []api.DeniedConn `json:"denied,omitempty" jsonschema:"connections and DNS queries the sandbox's network policy refused the command (host, port, proto, rule, reason, count); the net log has them all"`
 }
 
+// exec is a handler of its own (not a method onSandbox takes) because it
+// needs the request: its progress token and session.
 func (s *server) exec(ctx context.Context, req *sdk.CallToolRequest, in execIn) (*sdk.CallToolResult, execOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, execOut{}, err
-	}
-	if (len(in.Cmd) == 0) == (in.Shell == "") {
-		return nil, execOut{}, errors.New(`invalid: give exactly one of cmd (an argv, like ["ls", "-l"]) and shell (a script)`)
-	}
-	er := api.ExecRequest{Cmd: in.Cmd, Shell: in.Shell, Workdir: in.Workdir, Env: in.Env, User: in.User, Session: in.Session, Name: in.Name}
-	if in.Stdin != "" {
-		er.Stdin = []byte(in.Stdin)
-	}
-	if in.Timeout != "" {
-		d, err := api.ParseDuration(in.Timeout)
-		if err != nil {
-			return nil, execOut{}, fmt.Errorf("invalid: timeout: %v", err)
+	return onSandbox(s, func(ctx context.Context, c *client.Client, id string, in execIn) (execOut, error) {
+		if (len(in.Cmd) == 0) == (in.Shell == "") {
+			return execOut{}, errors.New(`invalid: give exactly one of cmd (an argv, like ["ls", "-l"]) and shell (a script)`)
 		}
-		er.Timeout = d
-	}
-	if in.Background {
+		er := api.ExecRequest{Cmd: in.Cmd, Shell: in.Shell, Workdir: in.Workdir, Env: in.Env, User: in.User, Session: in.Session, Name: in.Name}
 		if in.Stdin != "" {
-			return nil, execOut{}, errors.New("invalid: stdin: a background process reads its input from process_write_stdin")
+			er.Stdin = []byte(in.Stdin)
 		}
-		p, err := c.StartProcess(ctx, id, er)
+		if err := parseDuration("timeout", in.Timeout, &er.Timeout); err != nil {
+			return execOut{}, err
+		}
+		if in.Background {
+			if in.Stdin != "" {
+				return execOut{}, errors.New("invalid: stdin: a background process reads its input from process_write_stdin")
+			}
+			p, err := c.StartProcess(ctx, id, er)
+			if err != nil {
+				return execOut{}, err
+			}
+			return execOut{Process: p}, nil
+		}
+		if in.Name != "" {
+			return execOut{}, errors.New("invalid: name: only a background process has a name")
+		}
+		if er.Timeout == 0 {
+			er.Timeout = api.Duration(defaultExecTimeout)
+		}
+		var out, errb bounded
+		var st *api.ExitStatus
+		var err error
+		t0 := time.Now()
+		if token := req.Params.GetProgressToken(); token != nil && req.Session != nil {
+			p := &progress{ctx: ctx, ss: req.Session, token: token}
+			st, err = c.ExecStream(ctx, id, er, p.tee(&out), p.tee(&errb))
+		} else {
+			var res *api.ExecResult
+			if res, err = c.Exec(ctx, id, er); err == nil {
+				st = &res.ExitStatus
+				out.Write(res.Stdout)
+				errb.Write(res.Stderr)
+			}
+		}
 		if err != nil {
-			return nil, execOut{}, toolError(err)
+			return execOut{}, err
 		}
-		return nil, execOut{Process: p}, nil
-	}
-	if in.Name != "" {
-		return nil, execOut{}, errors.New("invalid: name: only a background process has a name")
-	}
-	if er.Timeout == 0 {
-		er.Timeout = api.Duration(defaultExecTimeout)
-	}
-	var out, errb bounded
-	var st *api.ExitStatus
-	t0 := time.Now()
-	if token := req.Params.GetProgressToken(); token != nil && req.Session != nil {
-		p := &progress{ctx: ctx, ss: req.Session, token: token}
-		st, err = c.ExecStream(ctx, id, er, p.tee(&out), p.tee(&errb))
-	} else {
-		var res *api.ExecResult
-		if res, err = c.Exec(ctx, id, er); err == nil {
-			st = &res.ExitStatus
-			out.Write(res.Stdout)
-			errb.Write(res.Stderr)
-		}
-	}
-	if err != nil {
-		return nil, execOut{}, toolError(err)
-	}
-	return nil, execOut{ExitCode: st.ExitCode, Reason: st.Reason, Signal: st.Signal, Error: st.Error,
-		Stdout: out.String(), Stderr: errb.String(), Truncated: out.cut() || errb.cut(), Denied: st.Denied,
-		DurationMS: float64(time.Since(t0).Microseconds()) / 1000}, nil
+		return execOut{ExitCode: st.ExitCode, Reason: st.Reason, Signal: st.Signal, Error: st.Error,
+			Stdout: out.String(), Stderr: errb.String(), Truncated: out.cut() || errb.cut(), Denied: st.Denied,
+			DurationMS: float64(time.Since(t0).Microseconds()) / 1000}, nil
+	})(ctx, req, in)
 }
 
 // progress sends a command's output, as it comes, as progress

@@ -36,17 +36,17 @@ const (
 
 func (s *server) addFileTools(srv *sdk.Server) {
 	addTool(s, srv, &sdk.Tool{Name: "read_file", Annotations: readOnly("Read a file"),
-		Description: "Read a text file in a sandbox: up to limit lines (default 2000) from line offset (1-based), or the last tail lines. Long lines are cut and the text is bounded (256 KiB); total_lines tells how much there is."}, s.readFile)
+		Description: "Read a text file in a sandbox: up to limit lines (default 2000) from line offset (1-based), or the last tail lines. Long lines are cut and the text is bounded (256 KiB); total_lines tells how much there is."}, onSandbox(s, s.readFile))
 	addTool(s, srv, &sdk.Tool{Name: "write_file", Annotations: changes("Write a file", true, true),
-		Description: "Create or replace a file in a sandbox with the given text, creating its parent directories."}, s.writeFile)
+		Description: "Create or replace a file in a sandbox with the given text, creating its parent directories."}, onSandbox(s, s.writeFile))
 	addTool(s, srv, &sdk.Tool{Name: "edit_file", Annotations: changes("Edit a file", true, false),
-		Description: "Replace old_string with new_string in a file in a sandbox. old_string must match exactly (whitespace included) and occur expected_count times (default 1); otherwise nothing changes and the error shows the closest region of the file, with line numbers and what differs."}, s.editFile)
+		Description: "Replace old_string with new_string in a file in a sandbox. old_string must match exactly (whitespace included) and occur expected_count times (default 1); otherwise nothing changes and the error shows the closest region of the file, with line numbers and what differs."}, onSandbox(s, s.editFile))
 	addTool(s, srv, &sdk.Tool{Name: "list_files", Annotations: readOnly("List a directory"),
-		Description: "List a directory in a sandbox: name, type, size, mode and modification time of each entry."}, s.listFiles)
+		Description: "List a directory in a sandbox: name, type, size, mode and modification time of each entry."}, onSandbox(s, s.listFiles))
 	addTool(s, srv, &sdk.Tool{Name: "glob", Annotations: readOnly("Find files by pattern"),
-		Description: "Find paths in a sandbox matching a glob such as **/*.go or src/*/test_*.py (** matches any number of directories), below path (default /). Works in every sandbox whatever its image has; symlinks are not followed."}, s.glob)
+		Description: "Find paths in a sandbox matching a glob such as **/*.go or src/*/test_*.py (** matches any number of directories), below path (default /). Works in every sandbox whatever its image has; symlinks are not followed."}, onSandbox(s, s.glob))
 	addTool(s, srv, &sdk.Tool{Name: "grep", Annotations: readOnly("Search file contents"),
-		Description: "Find lines matching a regular expression (RE2 syntax) in the files below path (default /) or in one file, optionally only in files matching glob (*.go matches names; a pattern with slashes matches the path below path). Returns path, line number and text of each match; binary and very large files are skipped."}, s.grep)
+		Description: "Find lines matching a regular expression (RE2 syntax) in the files below path (default /) or in one file, optionally only in files matching glob (*.go matches names; a pattern with slashes matches the path below path). Returns path, line number and text of each match; binary and very large files are skipped."}, onSandbox(s, s.grep))
 }
 
 type readIn struct {
@@ -66,30 +66,26 @@ type readOut struct {
 	Truncated  bool   `json:"truncated,omitempty" jsonschema:"lines were cut, or the text bound was reached before limit"`
 }
 
-func (s *server) readFile(ctx context.Context, req *sdk.CallToolRequest, in readIn) (*sdk.CallToolResult, readOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, readOut{}, err
-	}
+func (s *server) readFile(ctx context.Context, c *client.Client, id string, in readIn) (readOut, error) {
 	switch {
 	case in.Path == "":
-		return nil, readOut{}, errors.New("invalid: path is empty")
+		return readOut{}, errors.New("invalid: path is empty")
 	case in.Offset < 0 || in.Limit < 0 || in.Tail < 0:
-		return nil, readOut{}, errors.New("invalid: offset, limit and tail must not be negative")
+		return readOut{}, errors.New("invalid: offset, limit and tail must not be negative")
 	case in.Tail > 0 && in.Offset > 0:
-		return nil, readOut{}, errors.New("invalid: give offset or tail, not both")
+		return readOut{}, errors.New("invalid: give offset or tail, not both")
 	}
 	rc, err := c.ReadFile(ctx, id, in.Path)
 	if err != nil {
-		return nil, readOut{}, toolError(err)
+		return readOut{}, err
 	}
 	defer rc.Close()
 	out, err := readLines(rc, in)
 	if err != nil {
-		return nil, readOut{}, err
+		return readOut{}, err
 	}
 	out.Path = in.Path
-	return nil, *out, nil
+	return *out, nil
 }
 
 // readLines picks the lines read_file returns from r.
@@ -171,29 +167,22 @@ type fileOut struct {
 	File *api.FileInfo `json:"file"`
 }
 
-func (s *server) writeFile(ctx context.Context, req *sdk.CallToolRequest, in writeIn) (*sdk.CallToolResult, fileOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, fileOut{}, err
-	}
+func (s *server) writeFile(ctx context.Context, c *client.Client, id string, in writeIn) (fileOut, error) {
 	if in.Path == "" {
-		return nil, fileOut{}, errors.New("invalid: path is empty")
+		return fileOut{}, errors.New("invalid: path is empty")
 	}
 	var mode os.FileMode
 	if in.Mode != "" {
 		m, err := strconv.ParseUint(in.Mode, 8, 32)
 		if err != nil || m > 0o7777 || m == 0 {
-			return nil, fileOut{}, fmt.Errorf("invalid: mode %q is not octal permissions like 0644", in.Mode)
+			return fileOut{}, fmt.Errorf("invalid: mode %q is not octal permissions like 0644", in.Mode)
 		}
 		mode = client.FileMode(uint32(m))
 	} else if fi, err := statFollow(ctx, c, id, in.Path); err == nil && fi.Type == "file" {
 		mode = client.FileMode(fi.Mode) // keep an existing file's mode
 	}
 	fi, err := c.WriteFile(ctx, id, in.Path, strings.NewReader(in.Content), mode)
-	if err != nil {
-		return nil, fileOut{}, toolError(err)
-	}
-	return nil, fileOut{File: fi}, nil
+	return fileOut{File: fi}, err
 }
 
 type editIn struct {
@@ -210,58 +199,54 @@ type editOut struct {
 	FirstLine    int    `json:"first_line" jsonschema:"the line where the first replacement starts"`
 }
 
-func (s *server) editFile(ctx context.Context, req *sdk.CallToolRequest, in editIn) (*sdk.CallToolResult, editOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, editOut{}, err
-	}
+func (s *server) editFile(ctx context.Context, c *client.Client, id string, in editIn) (editOut, error) {
 	want := in.ExpectedCount
 	switch {
 	case in.Path == "":
-		return nil, editOut{}, errors.New("invalid: path is empty")
+		return editOut{}, errors.New("invalid: path is empty")
 	case in.OldString == "":
-		return nil, editOut{}, errors.New("invalid: old_string is empty: to create or replace a whole file use write_file")
+		return editOut{}, errors.New("invalid: old_string is empty: to create or replace a whole file use write_file")
 	case in.OldString == in.NewString:
-		return nil, editOut{}, errors.New("invalid: old_string and new_string are the same: nothing to change")
+		return editOut{}, errors.New("invalid: old_string and new_string are the same: nothing to change")
 	case want < 0:
-		return nil, editOut{}, errors.New("invalid: expected_count must be positive")
+		return editOut{}, errors.New("invalid: expected_count must be positive")
 	case want == 0:
 		want = 1
 	}
 	fi, err := statFollow(ctx, c, id, in.Path)
 	if err != nil {
-		return nil, editOut{}, toolError(err)
+		return editOut{}, err
 	}
 	if fi.Type != "file" {
-		return nil, editOut{}, fmt.Errorf("invalid: %s is a %s, not a file", in.Path, fi.Type)
+		return editOut{}, fmt.Errorf("invalid: %s is a %s, not a file", in.Path, fi.Type)
 	}
 	if fi.Size > editMaxBytes {
-		return nil, editOut{}, fmt.Errorf("too_large: %s has %d bytes; edit_file rewrites files up to %d (use exec with sed or patch)", in.Path, fi.Size, editMaxBytes)
+		return editOut{}, fmt.Errorf("too_large: %s has %d bytes; edit_file rewrites files up to %d (use exec with sed or patch)", in.Path, fi.Size, editMaxBytes)
 	}
 	rc, err := c.ReadFile(ctx, id, fi.Path)
 	if err != nil {
-		return nil, editOut{}, toolError(err)
+		return editOut{}, err
 	}
 	old, err := io.ReadAll(io.LimitReader(rc, editMaxBytes+1))
 	rc.Close()
 	if err != nil {
-		return nil, editOut{}, fmt.Errorf("read %s: %w", in.Path, err)
+		return editOut{}, fmt.Errorf("read %s: %w", in.Path, err)
 	}
 	text := string(old)
 	n := strings.Count(text, in.OldString)
 	switch {
 	case n == 0:
-		return nil, editOut{}, errors.New("not_found: old_string does not occur in " + in.Path + "; nothing was changed.\n" + nearMiss(text, in.OldString))
+		return editOut{}, errors.New("not_found: old_string does not occur in " + in.Path + "; nothing was changed.\n" + nearMiss(text, in.OldString))
 	case n != want:
-		return nil, editOut{}, fmt.Errorf("conflict: old_string occurs %d times in %s (at lines %s), expected %d; nothing was changed. Add surrounding lines to old_string to pick one, or set expected_count to %d to replace them all",
+		return editOut{}, fmt.Errorf("conflict: old_string occurs %d times in %s (at lines %s), expected %d; nothing was changed. Add surrounding lines to old_string to pick one, or set expected_count to %d to replace them all",
 			n, in.Path, lineList(text, in.OldString, 10), want, n)
 	}
 	firstLine := strings.Count(text[:strings.Index(text, in.OldString)], "\n") + 1
 	updated := strings.ReplaceAll(text, in.OldString, in.NewString)
 	if _, err := c.WriteFile(ctx, id, fi.Path, bytes.NewReader([]byte(updated)), client.FileMode(fi.Mode)); err != nil {
-		return nil, editOut{}, toolError(err)
+		return editOut{}, err
 	}
-	return nil, editOut{Path: in.Path, Replacements: n, FirstLine: firstLine}, nil
+	return editOut{Path: in.Path, Replacements: n, FirstLine: firstLine}, nil
 }
 
 // statFollow describes the file p names, following symlinks (each one
@@ -309,26 +294,19 @@ type listOut struct {
 	Truncated bool            `json:"truncated,omitempty" jsonschema:"only the first 5000 entries are listed"`
 }
 
-func (s *server) listFiles(ctx context.Context, req *sdk.CallToolRequest, in pathIn) (*sdk.CallToolResult, listOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, listOut{}, err
-	}
+func (s *server) listFiles(ctx context.Context, c *client.Client, id string, in pathIn) (listOut, error) {
 	if in.Path == "" {
-		return nil, listOut{}, errors.New("invalid: path is empty (use / for the root)")
+		return listOut{}, errors.New("invalid: path is empty (use / for the root)")
 	}
 	list, err := c.ListDir(ctx, id, in.Path)
 	if err != nil {
-		return nil, listOut{}, toolError(err)
+		return listOut{}, err
 	}
-	out := listOut{Entries: list}
-	if list == nil {
-		out.Entries = []*api.FileInfo{}
-	}
+	out := listOut{Entries: orEmpty(list)}
 	if len(out.Entries) > listMaxEntries {
 		out.Entries, out.Truncated = out.Entries[:listMaxEntries], true
 	}
-	return nil, out, nil
+	return out, nil
 }
 
 type globIn struct {
@@ -338,16 +316,12 @@ type globIn struct {
 	Limit   int    `json:"limit,omitempty" jsonschema:"at most this many paths (default 1000, at most 10000)"`
 }
 
-func (s *server) glob(ctx context.Context, req *sdk.CallToolRequest, in globIn) (*sdk.CallToolResult, api.GlobResult, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, api.GlobResult{}, err
-	}
+func (s *server) glob(ctx context.Context, c *client.Client, id string, in globIn) (api.GlobResult, error) {
 	res, err := c.Glob(ctx, id, in.Pattern, client.GlobOptions{Path: in.Path, Limit: in.Limit})
 	if err != nil {
-		return nil, api.GlobResult{}, toolError(err)
+		return api.GlobResult{}, err
 	}
-	return nil, *res, nil
+	return *res, nil
 }
 
 type grepIn struct {
@@ -359,14 +333,10 @@ type grepIn struct {
 	Limit      int    `json:"limit,omitempty" jsonschema:"at most this many matching lines (default 1000, at most 10000)"`
 }
 
-func (s *server) grep(ctx context.Context, req *sdk.CallToolRequest, in grepIn) (*sdk.CallToolResult, api.GrepResult, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, api.GrepResult{}, err
-	}
+func (s *server) grep(ctx context.Context, c *client.Client, id string, in grepIn) (api.GrepResult, error) {
 	res, err := c.Grep(ctx, id, in.Pattern, client.GrepOptions{Path: in.Path, Glob: in.Glob, IgnoreCase: in.IgnoreCase, Limit: in.Limit})
 	if err != nil {
-		return nil, api.GrepResult{}, toolError(err)
+		return api.GrepResult{}, err
 	}
-	return nil, *res, nil
+	return *res, nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/client"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -20,11 +21,11 @@ func (s *server) addLifecycleTools(srv *sdk.Server) {
 	addTool(s, srv, &sdk.Tool{Name: "hibernate", Annotations: changes("Hibernate a sandbox", false, true),
 		Description: "Free a sandbox's memory and keep its files. On gvisor and microvm its processes and memory are saved and resume restores them; on linux its processes end and resume starts it again with its files and services."}, s.sandboxState(stHibernate))
 	addTool(s, srv, &sdk.Tool{Name: "restore", Annotations: changes("Roll a sandbox back to a snapshot", true, true),
-		Description: "Roll a sandbox back in place to one of its snapshots (from the snapshot tool): its files become the snapshot's, its processes start again (or, for a memory snapshot, continue from it)."}, s.restore)
+		Description: "Roll a sandbox back in place to one of its snapshots (from the snapshot tool): its files become the snapshot's, its processes start again (or, for a memory snapshot, continue from it)."}, onSandbox(s, s.restore))
 	addTool(s, srv, &sdk.Tool{Name: "commit", Annotations: changes("Make an image of a sandbox", false, false),
-		Description: "Make an image of a sandbox's files as they are, for sandbox_create's image: its changes become a layer on top of its image, with its env, workdir and user."}, s.commit)
+		Description: "Make an image of a sandbox's files as they are, for sandbox_create's image: its changes become a layer on top of its image, with its env, workdir and user."}, onSandbox(s, s.commit))
 	addTool(s, srv, &sdk.Tool{Name: "diff", Annotations: readOnly("Show a git workspace's changes"),
-		Description: "Show what changed in a sandbox's git workspace (/workspace of a sandbox created with git) since the commit it was cloned at, committed inside or not: the commits, the changed files and the patch (git diff --binary; git apply takes it)."}, s.diff)
+		Description: "Show what changed in a sandbox's git workspace (/workspace of a sandbox created with git) since the commit it was cloned at, committed inside or not: the commits, the changed files and the patch (git diff --binary; git apply takes it)."}, onSandbox(s, s.diff))
 }
 
 const (
@@ -35,18 +36,11 @@ const (
 
 // sandboxState is the handler of pause, resume or hibernate.
 func (s *server) sandboxState(op int) sdk.ToolHandlerFor[sandboxArg, sandboxOut] {
-	return func(ctx context.Context, req *sdk.CallToolRequest, in sandboxArg) (*sdk.CallToolResult, sandboxOut, error) {
-		c, id, err := s.call(req, in)
-		if err != nil {
-			return nil, sandboxOut{}, err
-		}
+	return onSandbox(s, func(ctx context.Context, c *client.Client, id string, in sandboxArg) (sandboxOut, error) {
 		do := [...]func(context.Context, string) (*api.Sandbox, error){stPause: c.Pause, stResume: c.Resume, stHibernate: c.Hibernate}[op]
 		sb, err := do(ctx, id)
-		if err != nil {
-			return nil, sandboxOut{}, toolError(err)
-		}
-		return nil, sandboxOut{Sandbox: sb}, nil
-	}
+		return sandboxOut{Sandbox: sb}, err
+	})
 }
 
 type restoreIn struct {
@@ -54,19 +48,12 @@ type restoreIn struct {
 	Snapshot string `json:"snapshot" jsonschema:"the snapshot's id or name (from the snapshot tool)"`
 }
 
-func (s *server) restore(ctx context.Context, req *sdk.CallToolRequest, in restoreIn) (*sdk.CallToolResult, sandboxOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, sandboxOut{}, err
-	}
+func (s *server) restore(ctx context.Context, c *client.Client, id string, in restoreIn) (sandboxOut, error) {
 	if strings.TrimSpace(in.Snapshot) == "" {
-		return nil, sandboxOut{}, errors.New(`invalid: "snapshot" is empty: pass the id or name the snapshot tool returned`)
+		return sandboxOut{}, errors.New(`invalid: "snapshot" is empty: pass the id or name the snapshot tool returned`)
 	}
 	sb, err := c.Restore(ctx, id, in.Snapshot)
-	if err != nil {
-		return nil, sandboxOut{}, toolError(err)
-	}
-	return nil, sandboxOut{Sandbox: sb}, nil
+	return sandboxOut{Sandbox: sb}, err
 }
 
 type commitIn struct {
@@ -78,16 +65,9 @@ type imageOut struct {
 	Image *api.Image `json:"image"`
 }
 
-func (s *server) commit(ctx context.Context, req *sdk.CallToolRequest, in commitIn) (*sdk.CallToolResult, imageOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, imageOut{}, err
-	}
+func (s *server) commit(ctx context.Context, c *client.Client, id string, in commitIn) (imageOut, error) {
 	img, err := c.Commit(ctx, id, api.CommitRequest{Name: in.Name})
-	if err != nil {
-		return nil, imageOut{}, toolError(err)
-	}
-	return nil, imageOut{Image: img}, nil
+	return imageOut{Image: img}, err
 }
 
 type diffOut struct {
@@ -101,24 +81,13 @@ type diffOut struct {
 	Truncated bool             `json:"truncated,omitempty" jsonschema:"the patch was cut to its start and end (files lists every change)"`
 }
 
-func (s *server) diff(ctx context.Context, req *sdk.CallToolRequest, in sandboxArg) (*sdk.CallToolResult, diffOut, error) {
-	c, id, err := s.call(req, in)
-	if err != nil {
-		return nil, diffOut{}, err
-	}
+func (s *server) diff(ctx context.Context, c *client.Client, id string, in sandboxArg) (diffOut, error) {
 	d, err := c.Diff(ctx, id)
 	if err != nil {
-		return nil, diffOut{}, toolError(err)
+		return diffOut{}, err
 	}
 	var patch bounded
 	patch.Write(d.Patch)
-	out := diffOut{Source: d.Source, Branch: d.Branch, Base: d.Base, Head: d.Head, Commits: d.Commits, Files: d.Files,
-		Patch: patch.String(), Truncated: patch.cut()}
-	if out.Commits == nil {
-		out.Commits = []api.DiffCommit{}
-	}
-	if out.Files == nil {
-		out.Files = []api.DiffFile{}
-	}
-	return nil, out, nil
+	return diffOut{Source: d.Source, Branch: d.Branch, Base: d.Base, Head: d.Head, Commits: orEmpty(d.Commits), Files: orEmpty(d.Files),
+		Patch: patch.String(), Truncated: patch.cut()}, nil
 }

@@ -6,41 +6,31 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
-	"github.com/den-dev/den/internal/image"
-	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/mcp"
-	"github.com/den-dev/den/internal/sandbox"
+	"github.com/den-dev/den/internal/reexec"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/storage"
-	"github.com/den-dev/den/internal/store"
+	"github.com/den-dev/den/internal/testenv/e2e"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 func TestMain(m *testing.M) {
-	if linux.IsInit(os.Args[1:]) {
-		linux.Init()
-	}
+	reexec.Run(os.Args[1:])
 	code := m.Run()
-	if denBinary.path != "" {
-		os.RemoveAll(filepath.Dir(denBinary.path))
-	}
+	e2e.RemoveDenBinary()
 	os.Exit(code)
 }
 
@@ -52,79 +42,29 @@ type daemon struct {
 	admin            *client.Client
 }
 
-var daemonSeq struct {
-	sync.Mutex
-	n int
-}
-
 func newDaemon(t *testing.T) *daemon {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("MCP end-to-end tests run a real daemon, which needs root (CI runs them as root)")
-	}
-	daemonSeq.Lock()
-	daemonSeq.n++
-	n := daemonSeq.n
-	daemonSeq.Unlock()
-	data := t.TempDir()
-	db, err := store.Open(filepath.Join(data, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	imgs, err := image.NewStore(filepath.Join(data, "images"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := storage.Open(storage.Config{Dir: data, Mode: "dir"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDir := fmt.Sprintf("/run/den-e2e/mcp-%d-%d", os.Getpid(), n)
-	rt, err := linux.New(linux.Config{RunDir: runDir, CgroupName: "den-e2e"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		DataDir: data, Runtime: rt, Store: db, Images: imgs, Log: log, Storage: st,
-		Defaults: api.Limits{Memory: 512 << 20, Pids: 512},
+	st := e2e.New(t, "mcp", func(s *e2e.Stack) {
+		sto, err := storage.Open(storage.Config{Dir: s.Data, Mode: "dir"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sto.Close() }) // after the stack's clean-up
+		s.Config.Storage = sto
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := server.New(m, db, log, "test", rt.CgroupVersion())
-	ip := server.NewInProcess(h)
-	h.Mount("/mcp", mcp.HTTPHandler(ip.ClientFor(), mcp.HTTPOptions{Version: "test", User: server.CallerID}))
-	d := &daemon{sock: filepath.Join(data, "den.sock"), token: "test-token-" + randHex(8)}
-	ul, err := net.Listen("unix", d.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ip := server.NewInProcess(st.Server)
+	st.Server.Mount("/mcp", mcp.HTTPHandler(ip.ClientFor(), mcp.HTTPOptions{Version: "test", User: server.CallerID}))
+	d := &daemon{sock: st.Sock, token: "test-token-" + randHex(8), admin: st.Admin}
 	tl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.url = "http://" + tl.Addr().String()
-	d.admin = client.New("unix://" + d.sock)
-	us := &http.Server{Handler: server.AsAdmin(h)}
-	ts := &http.Server{Handler: h.Authenticate(h, d.token)}
-	go us.Serve(ul)
+	ts := &http.Server{Handler: st.Server.Authenticate(st.Server, d.token)}
 	go ts.Serve(tl)
 	t.Cleanup(func() {
-		ctx := context.Background()
-		all, _ := m.List(ctx, nil)
-		for _, s := range all {
-			m.Remove(ctx, s.ID, true)
-		}
-		us.Close()
 		ts.Close()
 		ip.Close()
-		m.Close()
-		st.Close()
-		db.Close()
-		// The runtime makes its run directory a mount point of its own.
-		syscall.Unmount(runDir, syscall.MNT_DETACH)
-		os.RemoveAll(runDir)
 	})
 	return d
 }
@@ -133,38 +73,6 @@ func randHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-var denBinary struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// denBin builds den (CGO_ENABLED=0, as it ships) once per test run.
-func denBin(t *testing.T) string {
-	t.Helper()
-	denBinary.once.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		dir, err := os.MkdirTemp("", "den-mcp-bin-")
-		if err != nil {
-			denBinary.err = err
-			return
-		}
-		denBinary.path = filepath.Join(dir, "den")
-		cmd := exec.Command(goTool, "build", "-o", denBinary.path, "github.com/den-dev/den/cmd/den")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			denBinary.err = fmt.Errorf("go build den: %v\n%s", err, out)
-		}
-	})
-	if denBinary.err != nil {
-		t.Fatal(denBinary.err)
-	}
-	return denBinary.path
 }
 
 // session is an MCP client session and the progress notifications it got.
@@ -199,7 +107,7 @@ func connect(t *testing.T, tr sdk.Transport) *session {
 // stdio runs `den mcp` against d's unix socket, or with env (like
 // DEN_HOST and DEN_TOKEN) against what it names.
 func (d *daemon) stdio(t *testing.T, env ...string) *session {
-	cmd := exec.Command(denBin(t), "mcp")
+	cmd := exec.Command(e2e.DenBinary(t), "mcp")
 	if env == nil {
 		env = []string{"DEN_HOST=unix://" + d.sock}
 	}

@@ -28,14 +28,64 @@ func (a sandboxArg) id() (string, error) {
 	return a.Sandbox, nil
 }
 
-// call returns the client and sandbox id of a tool call.
-func (s *server) call(req *sdk.CallToolRequest, a sandboxArg) (*client.Client, string, error) {
-	id, err := a.id()
-	if err != nil {
-		return nil, "", err
+// arg is the sandbox argument of a tool's input (promoted to every input
+// that embeds sandboxArg).
+func (a sandboxArg) arg() sandboxArg { return a }
+
+// withClient makes the handler of a tool from do, which gets the den
+// client of the call; an API error do returns becomes a message for the
+// model (toolError), and do's result is dropped.
+func withClient[In, Out any](s *server, do func(ctx context.Context, c *client.Client, in In) (Out, error)) sdk.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *sdk.CallToolRequest, in In) (*sdk.CallToolResult, Out, error) {
+		var zero Out
+		c, err := s.clientOf(req)
+		if err != nil {
+			return nil, zero, err
+		}
+		out, err := do(ctx, c, in)
+		if err != nil {
+			return nil, zero, toolError(err)
+		}
+		return nil, out, nil
 	}
-	c, err := s.clientOf(req)
-	return c, id, err
+}
+
+// onSandbox makes the handler of a tool that acts on one sandbox: as
+// withClient, after checking the input names a sandbox; do gets its id.
+func onSandbox[In interface{ arg() sandboxArg }, Out any](s *server, do func(ctx context.Context, c *client.Client, id string, in In) (Out, error)) sdk.ToolHandlerFor[In, Out] {
+	h := withClient(s, func(ctx context.Context, c *client.Client, in In) (Out, error) {
+		return do(ctx, c, in.arg().Sandbox, in)
+	})
+	return func(ctx context.Context, req *sdk.CallToolRequest, in In) (*sdk.CallToolResult, Out, error) {
+		if _, err := in.arg().id(); err != nil {
+			var zero Out
+			return nil, zero, err
+		}
+		return h(ctx, req, in)
+	}
+}
+
+// parseDuration sets *dst to the duration v, the argument name, unless v
+// is empty.
+func parseDuration(name, v string, dst *api.Duration) error {
+	if v == "" {
+		return nil
+	}
+	d, err := api.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("invalid: %s: %v", name, err)
+	}
+	*dst = d
+	return nil
+}
+
+// orEmpty is v, or an empty slice for nil: a list in a tool's result is
+// [], never null.
+func orEmpty[T any](v []T) []T {
+	if v == nil {
+		return []T{}
+	}
+	return v
 }
 
 // toolError makes an API error a message for the model: its kind, the
@@ -78,31 +128,31 @@ func changes(title string, destructive, idempotent bool) *sdk.ToolAnnotations {
 
 func (s *server) addTools(srv *sdk.Server) {
 	addTool(s, srv, &sdk.Tool{Name: "sandbox_create", Annotations: changes("Create a sandbox", false, false),
-		Description: "Create and start a sandbox (a Linux computer of its own) and return it; pass its id as \"sandbox\" to the other tools. By default it has the host's OS image and no network."}, s.sandboxCreate)
+		Description: "Create and start a sandbox (a Linux computer of its own) and return it; pass its id as \"sandbox\" to the other tools. By default it has the host's OS image and no network."}, withClient(s, s.sandboxCreate))
 	addTool(s, srv, &sdk.Tool{Name: "sandbox_list", Annotations: readOnly("List sandboxes"),
-		Description: "List the sandboxes you can use, optionally only those with all the given labels."}, s.sandboxList)
+		Description: "List the sandboxes you can use, optionally only those with all the given labels."}, withClient(s, s.sandboxList))
 	addTool(s, srv, &sdk.Tool{Name: "sandbox_remove", Annotations: changes("Remove a sandbox", true, true),
-		Description: "Stop and remove a sandbox with its files and processes. Its snapshots are kept."}, s.sandboxRemove)
+		Description: "Stop and remove a sandbox with its files and processes. Its snapshots are kept."}, onSandbox(s, s.sandboxRemove))
 	addTool(s, srv, &sdk.Tool{Name: "exec", Annotations: changes("Run a command", true, false),
 		Description: "Run a command in a sandbox and return its exit code and output (each stream bounded: the start and the end are kept). Give cmd (argv) or shell (a script for sh -c). session keeps cwd, variables and functions between calls of the same session name. background starts a process that outlives the call and returns it as process (its id, like p3, is for process_logs, process_kill and process_write_stdin). While a command runs, its output is sent as progress notifications when the client asked for progress."}, s.exec)
 	addTool(s, srv, &sdk.Tool{Name: "process_list", Annotations: readOnly("List processes"),
-		Description: "List a sandbox's background processes, running and recently finished."}, s.processList)
+		Description: "List a sandbox's background processes, running and recently finished."}, onSandbox(s, s.processList))
 	addTool(s, srv, &sdk.Tool{Name: "process_logs", Annotations: readOnly("Read process output"),
-		Description: "Return a background process's retained output (the last tail lines when tail is set). With wait, wait up to that long for the process to end first, collecting its new output."}, s.processLogs)
+		Description: "Return a background process's retained output (the last tail lines when tail is set). With wait, wait up to that long for the process to end first, collecting its new output."}, onSandbox(s, s.processLogs))
 	addTool(s, srv, &sdk.Tool{Name: "process_kill", Annotations: changes("Signal a process", true, true),
-		Description: "Send a signal (default KILL) to a background process's process group."}, s.processKill)
+		Description: "Send a signal (default KILL) to a background process's process group."}, onSandbox(s, s.processKill))
 	addTool(s, srv, &sdk.Tool{Name: "process_write_stdin", Annotations: changes("Write to a process's stdin", false, false),
-		Description: "Write text to a background process's standard input; with close, then close it (the process reads end of file)."}, s.processWriteStdin)
+		Description: "Write text to a background process's standard input; with close, then close it (the process reads end of file)."}, onSandbox(s, s.processWriteStdin))
 	s.addFileTools(srv)
 	addTool(s, srv, &sdk.Tool{Name: "port_url", Annotations: changes("Share a port", false, true),
-		Description: "Share a TCP port of a sandbox through den's reverse proxy and return the URL that reaches it (HTTP and WebSocket), even for a server listening only on the sandbox's 127.0.0.1. Private unless public is set: the URL then carries the preview token."}, s.portURL)
+		Description: "Share a TCP port of a sandbox through den's reverse proxy and return the URL that reaches it (HTTP and WebSocket), even for a server listening only on the sandbox's 127.0.0.1. Private unless public is set: the URL then carries the preview token."}, onSandbox(s, s.portURL))
 	addTool(s, srv, &sdk.Tool{Name: "snapshot", Annotations: changes("Snapshot a sandbox", false, false),
-		Description: "Capture a sandbox's files (processes frozen for the instant). A snapshot can later create new sandboxes or roll this one back."}, s.snapshot)
+		Description: "Capture a sandbox's files (processes frozen for the instant). A snapshot can later create new sandboxes or roll this one back."}, onSandbox(s, s.snapshot))
 	addTool(s, srv, &sdk.Tool{Name: "fork", Annotations: changes("Fork a sandbox", false, false),
-		Description: "Make count (default 1) new running sandboxes from a sandbox's current files, to try alternatives in parallel."}, s.fork)
+		Description: "Make count (default 1) new running sandboxes from a sandbox's current files, to try alternatives in parallel."}, onSandbox(s, s.fork))
 	s.addLifecycleTools(srv)
 	addTool(s, srv, &sdk.Tool{Name: "net_policy", Annotations: changes("Show or set the network policy", false, true),
-		Description: "Show a sandbox's egress policy, or set it when mode is given: none (loopback only), allow (only the allow domains, exact or *.suffix, and allow_cidr ranges) or open (any public address); deny domains win in every mode. The change is in force at once."}, s.netPolicy)
+		Description: "Show a sandbox's egress policy, or set it when mode is given: none (loopback only), allow (only the allow domains, exact or *.suffix, and allow_cidr ranges) or open (any public address); deny domains win in every mode. The change is in force at once."}, onSandbox(s, s.netPolicy))
 }
 
 // Sandboxes.
@@ -135,11 +185,7 @@ type sandboxesOut struct {
 	Sandboxes []*api.Sandbox `json:"sandboxes"`
 }
 
-func (s *server) sandboxCreate(ctx context.Context, req *sdk.CallToolRequest, in createIn) (*sdk.CallToolResult, sandboxOut, error) {
-	c, err := s.clientOf(req)
-	if err != nil {
-		return nil, sandboxOut{}, err
-	}
+func (s *server) sandboxCreate(ctx context.Context, c *client.Client, in createIn) (sandboxOut, error) {
 	cr := api.CreateRequest{Name: in.Name, Image: in.Image, Runtime: in.Runtime, Labels: in.Labels, Env: in.Env, Workdir: in.Workdir}
 	cr.Limits.CPUs, cr.Limits.Pids, cr.Git = in.CPUs, in.Pids, in.Git
 	for _, f := range []struct {
@@ -150,68 +196,44 @@ func (s *server) sandboxCreate(ctx context.Context, req *sdk.CallToolRequest, in
 			continue
 		}
 		if err := f.dst.UnmarshalJSON(strconv.AppendQuote(nil, f.v)); err != nil {
-			return nil, sandboxOut{}, fmt.Errorf("invalid: %s: %v", f.name, err)
+			return sandboxOut{}, fmt.Errorf("invalid: %s: %v", f.name, err)
 		}
 	}
-	for _, f := range []struct {
-		name, v string
-		dst     *api.Duration
-	}{{"ttl", in.TTL, &cr.TTL}, {"idle_timeout", in.IdleTimeout, &cr.IdleTimeout}} {
-		if f.v == "" {
-			continue
-		}
-		d, err := api.ParseDuration(f.v)
-		if err != nil {
-			return nil, sandboxOut{}, fmt.Errorf("invalid: %s: %v", f.name, err)
-		}
-		*f.dst = d
+	if err := parseDuration("ttl", in.TTL, &cr.TTL); err != nil {
+		return sandboxOut{}, err
+	}
+	if err := parseDuration("idle_timeout", in.IdleTimeout, &cr.IdleTimeout); err != nil {
+		return sandboxOut{}, err
 	}
 	if in.Network != "" || len(in.Allow)+len(in.AllowCIDR)+len(in.Deny) > 0 {
 		cr.Network = &api.NetworkPolicy{Mode: in.Network, Allow: in.Allow, AllowCIDR: in.AllowCIDR, Deny: in.Deny}
 	}
 	sb, err := c.Create(ctx, cr)
-	if err != nil {
-		return nil, sandboxOut{}, toolError(err)
-	}
-	return nil, sandboxOut{Sandbox: sb}, nil
+	return sandboxOut{Sandbox: sb}, err
 }
 
 type listIn struct {
 	Labels map[string]string `json:"labels,omitempty" jsonschema:"only sandboxes with all these labels"`
 }
 
-func (s *server) sandboxList(ctx context.Context, req *sdk.CallToolRequest, in listIn) (*sdk.CallToolResult, sandboxesOut, error) {
-	c, err := s.clientOf(req)
-	if err != nil {
-		return nil, sandboxesOut{}, err
-	}
+func (s *server) sandboxList(ctx context.Context, c *client.Client, in listIn) (sandboxesOut, error) {
 	list, err := c.List(ctx, in.Labels)
-	if err != nil {
-		return nil, sandboxesOut{}, toolError(err)
-	}
-	if list == nil {
-		list = []*api.Sandbox{}
-	}
-	return nil, sandboxesOut{Sandboxes: list}, nil
+	return sandboxesOut{Sandboxes: orEmpty(list)}, err
 }
 
 type removedOut struct {
 	Removed string `json:"removed" jsonschema:"the id of the removed sandbox"`
 }
 
-func (s *server) sandboxRemove(ctx context.Context, req *sdk.CallToolRequest, in sandboxArg) (*sdk.CallToolResult, removedOut, error) {
-	c, id, err := s.call(req, in)
-	if err != nil {
-		return nil, removedOut{}, err
-	}
+func (s *server) sandboxRemove(ctx context.Context, c *client.Client, id string, in sandboxArg) (removedOut, error) {
 	sb, err := c.Get(ctx, id)
 	if err != nil {
-		return nil, removedOut{}, toolError(err)
+		return removedOut{}, err
 	}
 	if err := c.Remove(ctx, sb.ID, true); err != nil {
-		return nil, removedOut{}, toolError(err)
+		return removedOut{}, err
 	}
-	return nil, removedOut{Removed: sb.ID}, nil
+	return removedOut{Removed: sb.ID}, nil
 }
 
 // Processes.
@@ -225,19 +247,9 @@ type processesOut struct {
 	Processes []*api.ProcessInfo `json:"processes"`
 }
 
-func (s *server) processList(ctx context.Context, req *sdk.CallToolRequest, in sandboxArg) (*sdk.CallToolResult, processesOut, error) {
-	c, id, err := s.call(req, in)
-	if err != nil {
-		return nil, processesOut{}, err
-	}
+func (s *server) processList(ctx context.Context, c *client.Client, id string, in sandboxArg) (processesOut, error) {
 	list, err := c.Processes(ctx, id)
-	if err != nil {
-		return nil, processesOut{}, toolError(err)
-	}
-	if list == nil {
-		list = []*api.ProcessInfo{}
-	}
-	return nil, processesOut{Processes: list}, nil
+	return processesOut{Processes: orEmpty(list)}, err
 }
 
 type logsIn struct {
@@ -254,19 +266,15 @@ type logsOut struct {
 	Exit      *api.ExitStatus `json:"exit,omitempty" jsonschema:"how the process ended"`
 }
 
-func (s *server) processLogs(ctx context.Context, req *sdk.CallToolRequest, in logsIn) (*sdk.CallToolResult, logsOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, logsOut{}, err
-	}
+func (s *server) processLogs(ctx context.Context, c *client.Client, id string, in logsIn) (logsOut, error) {
 	if in.Tail < 0 {
-		return nil, logsOut{}, errors.New("invalid: tail must not be negative")
+		return logsOut{}, errors.New("invalid: tail must not be negative")
 	}
 	opts := client.LogsOptions{Tail: in.Tail}
 	if in.Wait != "" {
-		d, err := api.ParseDuration(in.Wait)
-		if err != nil {
-			return nil, logsOut{}, fmt.Errorf("invalid: wait: %v", err)
+		var d api.Duration
+		if err := parseDuration("wait", in.Wait, &d); err != nil {
+			return logsOut{}, err
 		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.D())
@@ -276,9 +284,9 @@ func (s *server) processLogs(ctx context.Context, req *sdk.CallToolRequest, in l
 	var out, errb bounded
 	st, err := c.Logs(ctx, id, in.Process, opts, &out, &errb)
 	if err != nil && !(opts.Follow && ctx.Err() != nil) {
-		return nil, logsOut{}, toolError(err)
+		return logsOut{}, err
 	}
-	return nil, logsOut{Stdout: out.String(), Stderr: errb.String(), Truncated: out.cut() || errb.cut(), Running: st == nil, Exit: st}, nil
+	return logsOut{Stdout: out.String(), Stderr: errb.String(), Truncated: out.cut() || errb.cut(), Running: st == nil, Exit: st}, nil
 }
 
 type killIn struct {
@@ -290,15 +298,8 @@ type okOut struct {
 	OK bool `json:"ok"`
 }
 
-func (s *server) processKill(ctx context.Context, req *sdk.CallToolRequest, in killIn) (*sdk.CallToolResult, okOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, okOut{}, err
-	}
-	if err := c.Kill(ctx, id, in.Process, in.Signal); err != nil {
-		return nil, okOut{}, toolError(err)
-	}
-	return nil, okOut{OK: true}, nil
+func (s *server) processKill(ctx context.Context, c *client.Client, id string, in killIn) (okOut, error) {
+	return okOut{OK: true}, c.Kill(ctx, id, in.Process, in.Signal)
 }
 
 type stdinIn struct {
@@ -307,15 +308,8 @@ type stdinIn struct {
 	Close bool   `json:"close,omitempty" jsonschema:"close the input after writing"`
 }
 
-func (s *server) processWriteStdin(ctx context.Context, req *sdk.CallToolRequest, in stdinIn) (*sdk.CallToolResult, okOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, okOut{}, err
-	}
-	if err := c.WriteStdin(ctx, id, in.Process, strings.NewReader(in.Data), in.Close); err != nil {
-		return nil, okOut{}, toolError(err)
-	}
-	return nil, okOut{OK: true}, nil
+func (s *server) processWriteStdin(ctx context.Context, c *client.Client, id string, in stdinIn) (okOut, error) {
+	return okOut{OK: true}, c.WriteStdin(ctx, id, in.Process, strings.NewReader(in.Data), in.Close)
 }
 
 // Ports, snapshots, forks, network.
@@ -333,23 +327,19 @@ type portOut struct {
 	Preview *api.Preview `json:"preview"`
 }
 
-func (s *server) portURL(ctx context.Context, req *sdk.CallToolRequest, in portIn) (*sdk.CallToolResult, portOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, portOut{}, err
-	}
+func (s *server) portURL(ctx context.Context, c *client.Client, id string, in portIn) (portOut, error) {
 	if in.Port < 1 || in.Port > 65535 {
-		return nil, portOut{}, fmt.Errorf("invalid: port %d is not from 1 to 65535", in.Port)
+		return portOut{}, fmt.Errorf("invalid: port %d is not from 1 to 65535", in.Port)
 	}
 	p, err := c.SharePort(ctx, id, in.Port, in.Public)
 	if err != nil {
-		return nil, portOut{}, toolError(err)
+		return portOut{}, err
 	}
 	l, err := c.PreviewURLs(ctx, p)
 	if err != nil {
-		return nil, portOut{}, toolError(err)
+		return portOut{}, err
 	}
-	return nil, portOut{URL: l.URL(), PathURL: l.PathURL, Socket: l.Socket, Preview: p}, nil
+	return portOut{URL: l.URL(), PathURL: l.PathURL, Socket: l.Socket, Preview: p}, nil
 }
 
 type snapshotIn struct {
@@ -362,16 +352,9 @@ type snapshotOut struct {
 	Snapshot *api.Snapshot `json:"snapshot"`
 }
 
-func (s *server) snapshot(ctx context.Context, req *sdk.CallToolRequest, in snapshotIn) (*sdk.CallToolResult, snapshotOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, snapshotOut{}, err
-	}
+func (s *server) snapshot(ctx context.Context, c *client.Client, id string, in snapshotIn) (snapshotOut, error) {
 	snap, err := c.Snapshot(ctx, id, api.SnapshotRequest{Name: in.Name, Memory: in.Memory})
-	if err != nil {
-		return nil, snapshotOut{}, toolError(err)
-	}
-	return nil, snapshotOut{Snapshot: snap}, nil
+	return snapshotOut{Snapshot: snap}, err
 }
 
 type forkIn struct {
@@ -381,16 +364,9 @@ type forkIn struct {
 	Memory bool              `json:"memory,omitempty" jsonschema:"forks keep the source's running processes and memory (gvisor and microvm sandboxes)"`
 }
 
-func (s *server) fork(ctx context.Context, req *sdk.CallToolRequest, in forkIn) (*sdk.CallToolResult, sandboxesOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, sandboxesOut{}, err
-	}
+func (s *server) fork(ctx context.Context, c *client.Client, id string, in forkIn) (sandboxesOut, error) {
 	list, err := c.Fork(ctx, id, api.ForkRequest{Count: in.Count, Labels: in.Labels, Memory: in.Memory})
-	if err != nil {
-		return nil, sandboxesOut{}, toolError(err)
-	}
-	return nil, sandboxesOut{Sandboxes: list}, nil
+	return sandboxesOut{Sandboxes: list}, err
 }
 
 type netIn struct {
@@ -407,22 +383,19 @@ type netOut struct {
 	Address string            `json:"address,omitempty" jsonschema:"the sandbox's address on den's bridge"`
 }
 
-func (s *server) netPolicy(ctx context.Context, req *sdk.CallToolRequest, in netIn) (*sdk.CallToolResult, netOut, error) {
-	c, id, err := s.call(req, in.sandboxArg)
-	if err != nil {
-		return nil, netOut{}, err
-	}
+func (s *server) netPolicy(ctx context.Context, c *client.Client, id string, in netIn) (netOut, error) {
 	var sb *api.Sandbox
+	var err error
 	if in.Mode == "" && len(in.Allow)+len(in.Deny)+len(in.AllowCIDR) == 0 {
 		sb, err = c.Get(ctx, id)
 	} else {
 		if in.Mode == "" {
-			return nil, netOut{}, errors.New("invalid: mode: give none, allow or open with allow, deny or allow_cidr")
+			return netOut{}, errors.New("invalid: mode: give none, allow or open with allow, deny or allow_cidr")
 		}
 		sb, err = c.SetNetwork(ctx, id, api.NetworkPolicy{Mode: in.Mode, Allow: in.Allow, Deny: in.Deny, AllowCIDR: in.AllowCIDR})
 	}
 	if err != nil {
-		return nil, netOut{}, toolError(err)
+		return netOut{}, err
 	}
-	return nil, netOut{Sandbox: sb.ID, Network: sb.Network, Address: sb.Address}, nil
+	return netOut{Sandbox: sb.ID, Network: sb.Network, Address: sb.Address}, nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // TestTierAttacks runs the threat list of ../shared/ANCHORS.md that concerns
@@ -47,7 +48,7 @@ func TestTierAttacks(t *testing.T) {
 	}
 	t.Cleanup(func() { os.Remove(hostFile) })
 	passwd := fileHash(t, "/etc/passwd")
-	img := e.busyboxImage(t)
+	img := e2e.BusyboxImage(t, e.c)
 	bystander := e.create(t, api.CreateRequest{})
 
 	for _, tier := range []string{"linux", "gvisor", "microvm"} {

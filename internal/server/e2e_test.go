@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -25,38 +24,26 @@ import (
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
-	"github.com/den-dev/den/internal/isolate/gvisor"
 	"github.com/den-dev/den/internal/isolate/linux"
-	"github.com/den-dev/den/internal/isolate/microvm"
+	"github.com/den-dev/den/internal/reexec"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/storage"
 	"github.com/den-dev/den/internal/store"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 func TestMain(m *testing.M) {
-	if linux.IsInit(os.Args[1:]) {
-		linux.Init()
-	}
-	if gvisor.IsAgent(os.Args[1:]) {
-		gvisor.AgentMain()
-	}
-	if microvm.IsGuest() {
-		microvm.GuestMain()
-	}
-	if len(os.Args) > 1 && os.Args[1] == "__userns-hold" {
-		linux.HoldUserns()
-		os.Exit(0)
-	}
+	reexec.Run(os.Args[1:])
 	os.Exit(m.Run())
 }
 
 type env struct {
+	s    *e2e.Stack
 	c    *client.Client
 	m    *sandbox.Manager
 	db   *store.DB
 	sock string
-	http *http.Server
 	data string
 	rt   *linux.Runtime
 	pool int
@@ -76,11 +63,6 @@ type env struct {
 	previewDomain string
 }
 
-var envSeq struct {
-	sync.Mutex
-	n int
-}
-
 // newEnv starts a real daemon stack (SQLite, linux runtime, manager, HTTP
 // server on a unix socket) in this process. It skips without root.
 func newEnv(t *testing.T) *env { return newEnvPool(t, 0) }
@@ -91,80 +73,36 @@ func newEnvPool(t *testing.T, pool int) *env { return newEnvWith(t, pool, nil) }
 // (its storage, allowed mounts) before the daemon starts.
 func newEnvWith(t *testing.T, pool int, setup func(e *env)) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("end-to-end tests need root (CI runs them as root)")
-	}
-	envSeq.Lock()
-	envSeq.n++
-	n := envSeq.n
-	envSeq.Unlock()
-	data := t.TempDir()
-	db, err := store.Open(filepath.Join(data, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	imgs, err := image.NewStore(filepath.Join(data, "images"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDir := fmt.Sprintf("/run/den-e2e/%d-%d", os.Getpid(), n)
-	rt, err := linux.New(linux.Config{RunDir: runDir, CgroupName: "den-e2e"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{db: db, data: data, rt: rt, pool: pool}
-	if setup != nil {
-		setup(e)
-	}
-	e.start(t, imgs)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		all, _ := e.m.List(ctx, nil)
-		for _, s := range all {
-			e.m.Remove(ctx, s.ID, true)
+	e := &env{pool: pool}
+	e2e.New(t, "server", func(s *e2e.Stack) {
+		e.s, e.db, e.data, e.rt = s, s.DB, s.Data, s.Runtime
+		if setup != nil {
+			setup(e)
 		}
-		e.stop()
-		db.Close()
-		unmountRunDir(runDir)
+		c := &s.Config
+		c.Defaults.Disk, c.WarmPool, c.Storage, c.AllowMounts = e.defDisk, e.pool, e.st, e.allow
+		c.Tiers, c.Unavailable, c.PreviewDomain = e.tiers, e.unavailable, e.previewDomain
 	})
+	e.started()
 	return e
 }
 
-// unmountRunDir removes a test daemon's run directory, which a runtime
-// made a mount of its own.
-func unmountRunDir(dir string) {
-	syscall.Unmount(dir, syscall.MNT_DETACH)
-	os.RemoveAll(dir)
-}
-
+// start starts the daemon again (after stop) with the image store imgs.
 func (e *env) start(t *testing.T, imgs *image.Store) {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		DataDir: e.data, Runtime: e.rt, Store: e.db, Images: imgs, Log: log,
-		Defaults: api.Limits{Memory: 512 << 20, Pids: 512, Disk: e.defDisk}, WarmPool: e.pool,
-		Storage: e.st, AllowMounts: e.allow, Tiers: e.tiers, Unavailable: e.unavailable,
-		PreviewDomain: e.previewDomain,
-	})
-	if err != nil {
+	e.s.Images, e.s.Config.Images = imgs, imgs
+	if err := e.s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e.m = m
-	e.sock = filepath.Join(e.data, "den.sock")
-	os.Remove(e.sock)
-	ln, err := net.Listen("unix", e.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.http = &http.Server{Handler: server.AsAdmin(server.New(m, e.db, log, "test", e.rt.CgroupVersion()))}
-	go e.http.Serve(ln)
-	e.c = client.New("unix://" + e.sock)
+	e.started()
 }
 
-func (e *env) stop() {
-	e.http.Close()
-	e.m.Close()
+func (e *env) started() {
+	e.m, e.c, e.sock = e.s.Manager, e.s.Admin, e.s.Sock
 }
+
+// stop stops the daemon; its sandboxes keep running.
+func (e *env) stop() { e.s.Stop() }
 
 func (e *env) create(t *testing.T, req api.CreateRequest) *api.Sandbox {
 	t.Helper()

@@ -18,6 +18,7 @@ import (
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/gitws/gitwstest"
 	"github.com/den-dev/den/internal/server"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // newGitRepo makes a host repository: a few files on main, and a branch
@@ -454,7 +455,7 @@ func TestGitWorkspaceTiers(t *testing.T) {
 			e.need(t, tc.tier)
 			req := api.CreateRequest{Runtime: tc.tier, Git: &api.GitSource{URL: host}}
 			if tc.tier == "microvm" {
-				req.Image = e.busyboxImage(t)
+				req.Image = e2e.BusyboxImage(t, e.c)
 			}
 			sb := e.create(t, req)
 			defer e.c.Remove(context.Background(), sb.ID, true)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // Snapshots and forks that keep processes, on each tier with memory
@@ -25,7 +26,7 @@ func testMemorySnapshots(t *testing.T, tier string) {
 	ctx := context.Background()
 	req := api.CreateRequest{Runtime: tier}
 	if tier == "microvm" {
-		req.Image = e.busyboxImage(t)
+		req.Image = e2e.BusyboxImage(t, e.c)
 	}
 	sb := e.create(t, req)
 	defer e.c.Remove(ctx, sb.ID, true)

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -35,11 +34,9 @@ import (
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/host"
-	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate/linux"
 	"github.com/den-dev/den/internal/sandbox"
-	"github.com/den-dev/den/internal/server"
-	"github.com/den-dev/den/internal/store"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // The tests' stand-in for the internet: a network namespace the test makes,
@@ -272,28 +269,17 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 		}
 	})
 
-	data := t.TempDir()
-	db, err := store.Open(filepath.Join(data, "den.db"))
+	st, err := e2e.Open(t.TempDir(), "net", linux.Config{Network: nw})
 	if err != nil {
 		t.Fatal(err)
 	}
-	imgs, _ := image.NewStore(filepath.Join(data, "images"))
-	runDir := fmt.Sprintf("/run/den-e2e/%d-net", os.Getpid())
-	rt, err := linux.New(linux.Config{RunDir: runDir, CgroupName: "den-e2e", Network: nw})
-	if err != nil {
+	st.Config.Egress = &sandbox.Egress{Gateway: nw.Gateway(), HTTPProxy: ports[2], AddrSlot: nw.Slot, SlotAddr: nw.Addr}
+	if err := st.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{db: db, data: data, rt: rt}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		DataDir: data, Runtime: rt, Store: db, Images: imgs, Log: log,
-		Defaults: api.Limits{Memory: 512 << 20, Pids: 512},
-		Egress:   &sandbox.Egress{Gateway: nw.Gateway(), HTTPProxy: ports[2], AddrSlot: nw.Slot, SlotAddr: nw.Addr},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.m = m
+	e := &env{s: st, db: st.DB, data: st.Data, rt: st.Runtime}
+	e.started()
+	m := e.m
 	names := map[string][]netip.Addr{
 		"allowed.test":     {netip.MustParseAddr(inetAddr)},
 		"www.allowed.test": {netip.MustParseAddr(inetAddr)},
@@ -325,23 +311,9 @@ func newNetEnv(t *testing.T) (*env, *inet) {
 	go eg.ServeTransparent(lns6[0])
 	go eg.ServeDNS(pc6, lns6[1])
 	go eg.ServeProxy(lns6[2])
-	e.sock = filepath.Join(data, "den.sock")
-	ln, err := net.Listen("unix", e.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.http = &http.Server{Handler: server.AsAdmin(server.New(m, db, log, "test", rt.CgroupVersion()))}
-	go e.http.Serve(ln)
-	e.c = client.New("unix://" + e.sock)
 	t.Cleanup(func() {
-		all, _ := m.List(context.Background(), nil)
-		for _, s := range all {
-			m.Remove(context.Background(), s.ID, true)
-		}
-		e.stop()
+		st.Close()
 		eg.Close()
-		db.Close()
-		unmountRunDir(runDir)
 	})
 	return e, in
 }

@@ -390,8 +390,7 @@ func TestCrashMidExecs(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	e.http.Close() // in-flight exec streams break, as with kill -9
-	e.m.Close()
+	e.stop() // in-flight exec streams break, as with kill -9
 	failed := 0
 	for i := 0; i < n; i++ {
 		if <-errs != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/storage"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // TestDefaultDiskQuota: a sandbox created without --disk gets the daemon's
@@ -258,7 +259,7 @@ func TestTokenStorageCaps(t *testing.T) {
 // microVM's disk image is sized under the quota.
 func TestDiskQuotaTiers(t *testing.T) {
 	e := newBtrfsEnvWith(t, func(e *env) { addTiers(t, e) })
-	img := e.busyboxImage(t)
+	img := e2e.BusyboxImage(t, e.c)
 	for _, tier := range []string{"gvisor", "microvm"} {
 		t.Run(tier, func(t *testing.T) {
 			e.need(t, tier)

@@ -1,12 +1,9 @@
 package server_test
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,11 +11,11 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
-	"github.com/den-dev/den/client"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/isolate/gvisor"
 	"github.com/den-dev/den/internal/isolate/microvm"
 	"github.com/den-dev/den/internal/testenv"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // newTierEnv is a daemon offering the gvisor and microvm tiers where this
@@ -44,8 +41,8 @@ func addTiers(t *testing.T, e *env) {
 		e.tiers["microvm"] = m
 	}
 	t.Cleanup(func() {
-		unmountRunDir(run + "/gvisor")
-		unmountRunDir(run + "/microvm")
+		e2e.UnmountRunDir(run + "/gvisor")
+		e2e.UnmountRunDir(run + "/microvm")
 		os.RemoveAll(run)
 	})
 }
@@ -59,32 +56,6 @@ func (e *env) need(t *testing.T, tier string) {
 	if why, ok := e.unavailable[tier]; ok {
 		testenv.Unavailable(t, tier, why)
 	}
-}
-
-// busyboxImage builds a tiny image (busybox as /bin/busybox and /bin/sh)
-// so microVM tests do not turn the host's /usr into a disk image.
-func (e *env) busyboxImage(t *testing.T) string {
-	t.Helper()
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox not installed (apt-get install busybox-static)")
-	}
-	bin, err := os.ReadFile(bb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	df := "FROM scratch\nCOPY busybox /bin/busybox\nCOPY busybox /bin/sh\nCOPY passwd /etc/passwd\n"
-	for name, data := range map[string][]byte{"Dockerfile": []byte(df), "busybox": bin, "passwd": []byte("root:x:0:0:root:/root:/bin/sh\n")} {
-		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg})
-		tw.Write(data)
-	}
-	tw.Close()
-	if _, err := e.c.BuildImage(context.Background(), &buf, client.BuildOptions{Tag: "busybox"}, nil); err != nil {
-		t.Fatal(err)
-	}
-	return "busybox"
 }
 
 // ticker starts a background counter in a sandbox; count reads it (the
@@ -250,7 +221,7 @@ func TestMicrovmSandbox(t *testing.T) {
 	e := newTierEnv(t)
 	e.need(t, "microvm")
 	ctx := context.Background()
-	img := e.busyboxImage(t)
+	img := e2e.BusyboxImage(t, e.c)
 	sb := e.create(t, api.CreateRequest{Image: img, Runtime: "microvm"})
 	res := e.sh(t, sb.ID, "mkdir -p /root; uname -r; id -u; echo data > /root/f")
 	if res.ExitCode != 0 || !strings.Contains(string(res.Stdout), "\n0\n") {

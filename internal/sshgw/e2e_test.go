@@ -15,14 +15,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,22 +28,17 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
-	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate/linux"
+	"github.com/den-dev/den/internal/reexec"
 	"github.com/den-dev/den/internal/sandbox"
 	"github.com/den-dev/den/internal/server"
 	"github.com/den-dev/den/internal/sshgw"
 	"github.com/den-dev/den/internal/store"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 func TestMain(m *testing.M) {
-	if linux.IsInit(os.Args[1:]) {
-		linux.Init()
-	}
-	if len(os.Args) > 1 && os.Args[1] == "__userns-hold" {
-		linux.HoldUserns()
-		os.Exit(0)
-	}
+	reexec.Run(os.Args[1:])
 	code := m.Run()
 	if shared != nil {
 		shared.close()
@@ -74,12 +67,11 @@ func (l *lockedBuffer) String() string {
 // env is one daemon with the gateway, shared by the tests.
 type env struct {
 	dir  string
-	run  string // the linux runtime's run directory
+	st   *e2e.Stack
 	db   *store.DB
 	m    *sandbox.Manager
 	h    *server.Server
 	ip   *server.InProcess
-	srv  *http.Server
 	c    *client.Client // the admin, over the unix socket
 	gw   *sshgw.Gateway
 	port int
@@ -128,35 +120,13 @@ func start() (*env, error) {
 		return nil, err
 	}
 	e := &env{dir: dir, log: &lockedBuffer{}}
-	if e.db, err = store.Open(filepath.Join(dir, "den.db")); err != nil {
+	if e.st, err = e2e.Open(dir, "sshgw", linux.Config{}); err != nil {
 		return nil, err
 	}
-	imgs, err := image.NewStore(filepath.Join(dir, "images"))
-	if err != nil {
+	if err := e.st.Start(); err != nil {
 		return nil, err
 	}
-	e.run = fmt.Sprintf("/run/den-e2e/sshgw-%d", os.Getpid())
-	rt, err := linux.New(linux.Config{RunDir: e.run, CgroupName: "den-e2e"})
-	if err != nil {
-		return nil, err
-	}
-	quiet := slog.New(slog.DiscardHandler)
-	e.m, err = sandbox.New(context.Background(), sandbox.Config{
-		DataDir: dir, Runtime: rt, Store: e.db, Images: imgs, Log: quiet,
-		Defaults: api.Limits{Memory: 512 << 20, Pids: 512},
-	})
-	if err != nil {
-		return nil, err
-	}
-	e.h = server.New(e.m, e.db, quiet, "test", rt.CgroupVersion())
-	sock := filepath.Join(dir, "den.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		return nil, err
-	}
-	e.srv = &http.Server{Handler: server.AsAdmin(e.h)}
-	go e.srv.Serve(ln)
-	e.c = client.New("unix://" + sock)
+	e.db, e.m, e.h, e.c = e.st.DB, e.st.Manager, e.st.Server, e.st.Admin
 	e.ip = server.NewInProcess(e.h)
 
 	hostKey, err := sshgw.LoadHostKey(filepath.Join(dir, "ssh_host_ed25519_key"))
@@ -220,18 +190,8 @@ func (e *env) event(sandbox, typ string, data any) {
 func (e *env) close() {
 	e.gw.Close()
 	e.ip.Close()
-	e.srv.Close()
-	ctx := context.Background()
-	all, _ := e.m.List(ctx, nil)
-	for _, s := range all {
-		e.m.Remove(ctx, s.ID, true)
-	}
-	e.m.Close()
-	e.db.Close()
+	e.st.Close()
 	os.RemoveAll(e.dir)
-	// The runtime made its run directory a mount of its own.
-	syscall.Unmount(e.run, syscall.MNT_DETACH)
-	os.RemoveAll(e.run)
 }
 
 // keygen makes an ed25519 key pair with OpenSSH's ssh-keygen.
