@@ -78,6 +78,29 @@ type Manager struct {
 	images *image.Store
 	log    *slog.Logger
 
+	// mu guards, today, every map below (each read or write of one takes
+	// it; none is read without it):
+	//   boxes       written by booted, claim, recover (before any other
+	//               goroutine runs), haltLocked, Remove, dropBox, watch;
+	//               read by agent, box, stopIdle, sampleUsage, Attribute.
+	//   seen, busy  written by agent, resumeLocked, hold; read by stopIdle
+	//               and sample (which also reads meters under the same hold).
+	//   meters      written by startMeter, recover, haltLocked, Remove;
+	//               read and updated by sample, usageOf, Metrics.
+	//   netpol      written by setNetPolicy, Remove; read by SandboxForAddr
+	//               (together with slots, one hold), refreshPolicies.
+	//   procCache   written by fetchProcs, Remove; read by agentProcs,
+	//               SleepingProcesses.
+	//   attrBuckets written by attributeToken (called with mu held, from
+	//               Attribute, which reads boxes in the same hold), Remove.
+	//   slots       written by allocSlot, freeSlot, recover; read by
+	//               SandboxForAddr.
+	//   locks       written by lock, Remove.
+	// Lock order: an owner's admission lock (adm) → a sandbox's lifecycle
+	// lock (locks[id]) → mu. mu is a leaf: it is held for map reads and
+	// writes only, never across a call that takes another lock, waits on a
+	// box or its agent, or touches the store (lock() releases it before it
+	// takes the sandbox's lock). adm.mu is a leaf too.
 	mu          sync.Mutex
 	boxes       map[string]isolate.Box   // running sandboxes
 	seen        map[string]time.Time     // last API activity of each running sandbox
