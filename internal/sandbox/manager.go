@@ -103,15 +103,18 @@ type Manager struct {
 	// takes the sandbox's lock). adm.mu is a leaf too.
 	mu          sync.Mutex
 	boxes       map[string]isolate.Box   // running sandboxes
-	seen        map[string]time.Time     // last API activity of each running sandbox
-	busy        map[string]int           // requests in flight per sandbox
 	meters      map[string]*meter        // usage accounting of running sandboxes
 	netpol      map[string]egress.Policy // egress policies of networked sandboxes
 	procCache   map[string]procCache     // recent agent process lists, for attribution
 	attrBuckets map[string]*bucket       // attribution rations
 	slots       map[int]string           // id range slot → sandbox id
-	locks       map[string]*sync.Mutex   // one lifecycle operation at a time per sandbox
-	adm         admission                // per-owner quota checks
+
+	locks keyedLocks // one lifecycle operation at a time per sandbox (snapshot:ID, volume:NAME too)
+	act   activity   // last use and requests in flight, per sandbox
+	// adm serialises, per owner and kind of thing ("owner/sandboxes"), the
+	// count of what an owner has and the recording of a new one, so
+	// parallel requests cannot pass a quota together.
+	adm keyedLocks
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}
@@ -144,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
-		boxes: map[string]isolate.Box{}, seen: map[string]time.Time{}, busy: map[string]int{}, meters: map[string]*meter{}, netpol: map[string]egress.Policy{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
+		boxes: map[string]isolate.Box{}, meters: map[string]*meter{}, netpol: map[string]egress.Policy{}, slots: map[int]string{},
 		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
@@ -241,17 +244,9 @@ func (m *Manager) tierByName(name string) (isolate.Runtime, error) {
 // tier is the runtime of a sandbox.
 func (m *Manager) tier(rec *record) (isolate.Runtime, error) { return m.tierByName(rec.Runtime) }
 
-func (m *Manager) lock(id string) func() {
-	m.mu.Lock()
-	l, ok := m.locks[id]
-	if !ok {
-		l = &sync.Mutex{}
-		m.locks[id] = l
-	}
-	m.mu.Unlock()
-	l.Lock()
-	return l.Unlock
-}
+// lock takes a sandbox's lifecycle lock (or a snapshot's, "snapshot:ID",
+// or a volume's, "volume:NAME") and returns what releases it.
+func (m *Manager) lock(id string) func() { return m.locks.lock(id) }
 
 // lockRecord finds a sandbox, locks it for one lifecycle operation and
 // reads its record again under the lock (another operation may have
@@ -921,8 +916,8 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
-	delete(m.seen, rec.ID)
 	m.mu.Unlock()
+	m.act.forget(rec.ID)
 	m.sampleOne(rec.ID, b) // the last reading, while the cgroup still counts
 	if b != nil {
 		retire(b, rec.ID, state)
@@ -989,13 +984,13 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
-	delete(m.locks, rec.ID)
 	delete(m.meters, rec.ID)
-	delete(m.seen, rec.ID)
 	delete(m.netpol, rec.ID)
 	delete(m.procCache, rec.ID)
 	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
+	m.locks.forget(rec.ID)
+	m.act.forget(rec.ID)
 	if b != nil {
 		retire(b, rec.ID, "removed")
 	}
@@ -1090,15 +1085,11 @@ func (m *Manager) agent(ctx context.Context, id string, wake bool) (*agent.Clien
 		}
 		rec = locked
 	}
-	m.mu.Lock()
-	b := m.boxes[rec.ID]
-	if b != nil {
-		m.seen[rec.ID] = time.Now()
-	}
-	m.mu.Unlock()
+	b := m.box(rec.ID)
 	if b == nil {
 		return nil, nil, notRunning(&rec.Sandbox)
 	}
+	m.act.touch(rec.ID, time.Now())
 	return b.Agent(), &rec.Sandbox, nil
 }
 
@@ -1338,9 +1329,7 @@ func (m *Manager) stopIdle(now time.Time) {
 		if err != nil || rec.IdleTimeout <= 0 || rec.State != api.StateRunning {
 			continue
 		}
-		m.mu.Lock()
-		last, busy := m.seen[id], m.busy[id] > 0
-		m.mu.Unlock()
+		last, busy := m.act.state(id)
 		if last.Before(rec.StartedAt) {
 			last = rec.StartedAt
 		}
@@ -1365,17 +1354,4 @@ func (m *Manager) stopIdle(now time.Time) {
 
 // hold marks a sandbox busy for the life of a long request (an exec, a
 // followed log) so the idle timeout does not stop it underneath.
-func (m *Manager) hold(id string) func() {
-	m.mu.Lock()
-	m.busy[id]++
-	m.mu.Unlock()
-	return func() {
-		m.mu.Lock()
-		m.busy[id]--
-		if m.busy[id] <= 0 {
-			delete(m.busy, id)
-		}
-		m.seen[id] = time.Now()
-		m.mu.Unlock()
-	}
-}
+func (m *Manager) hold(id string) func() { return m.act.hold(id) }

@@ -169,9 +169,7 @@ func (m *Manager) resumeLocked(ctx context.Context, rec *record) error {
 	default:
 		return nil
 	}
-	m.mu.Lock()
-	m.seen[rec.ID] = time.Now()
-	m.mu.Unlock()
+	m.act.touch(rec.ID, time.Now())
 	m.event(rec.ID, "sandbox.resume", map[string]any{"resumed": rec.Resumed, "ms": msSince(start)})
 	return nil
 }

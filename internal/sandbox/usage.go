@@ -60,6 +60,7 @@ func (m *Manager) sample(id string, b isolate.Box, now time.Time) bool {
 		if err != nil {
 			return false
 		}
+		last, busy := m.act.state(id)
 		m.mu.Lock()
 		mt := m.meters[id]
 		if mt == nil {
@@ -79,7 +80,7 @@ func (m *Manager) sample(id string, b isolate.Box, now time.Time) bool {
 			mt.total.CPUSeconds += cpu.Seconds()
 			mt.total.MemoryGiBHours += float64(s.Memory) / (1 << 30) * dt / 3600
 			mt.total.AliveSeconds += dt
-			if m.busy[id] > 0 || m.seen[id].After(mt.sampled) {
+			if busy || last.After(mt.sampled) {
 				mt.total.ActiveSeconds += dt
 			}
 			mt.total.EgressBytes += tx
