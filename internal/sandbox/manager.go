@@ -23,7 +23,6 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
-	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/storage"
@@ -104,11 +103,10 @@ type Manager struct {
 	mu          sync.Mutex
 	boxes       map[string]isolate.Box   // running sandboxes
 	meters      map[string]*meter        // usage accounting of running sandboxes
-	netpol      map[string]egress.Policy // egress policies of networked sandboxes
 	procCache   map[string]procCache     // recent agent process lists, for attribution
 	attrBuckets map[string]*bucket       // attribution rations
-	slots       map[int]string           // id range slot → sandbox id
 
+	net   netTable   // id-range slots and egress policies
 	locks keyedLocks // one lifecycle operation at a time per sandbox (snapshot:ID, volume:NAME too)
 	act   activity   // last use and requests in flight, per sandbox
 	// adm serialises, per owner and kind of thing ("owner/sandboxes"), the
@@ -147,7 +145,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
-		boxes: map[string]isolate.Box{}, meters: map[string]*meter{}, netpol: map[string]egress.Policy{}, slots: map[int]string{},
+		boxes: map[string]isolate.Box{}, meters: map[string]*meter{},
 		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
@@ -277,7 +275,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		known[rec.ID] = true
-		m.slots[(rec.UIDBase-uidStart)/65536] = rec.ID
+		m.net.take(slotOf(rec.UIDBase), rec.ID)
 		m.setNetPolicy(rec.ID, rec.Owner, rec.Network)
 		if rec.State == stateWarm { // a pool left by a daemon that died
 			m.db.DeleteSandbox(ctx, rec.ID)
@@ -362,7 +360,7 @@ func (m *Manager) interrupted(ctx context.Context, rec *record) error {
 func (m *Manager) cleanBox(ctx context.Context, rec *record) ([]string, error) {
 	spec, err := m.spec(ctx, rec)
 	if err != nil {
-		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536}
+		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slotOf(rec.UIDBase)}
 	}
 	spec.Dir = ""
 	rt, err := m.tier(rec)
@@ -616,24 +614,6 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-func (m *Manager) allocSlot(id string) (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := 0; i < maxSlots; i++ {
-		if _, used := m.slots[i]; !used {
-			m.slots[i] = id
-			return i, nil
-		}
-	}
-	return 0, api.Errorf(api.KindConflict, "all %d id ranges are in use: remove sandboxes", maxSlots)
-}
-
-func (m *Manager) freeSlot(base int) {
-	m.mu.Lock()
-	delete(m.slots, (base-uidStart)/65536)
-	m.mu.Unlock()
-}
-
 // Create makes and starts a sandbox.
 func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandbox, error) {
 	sc := ScopeFrom(ctx)
@@ -697,7 +677,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		}
 	}
 	id := newID()
-	slot, err := m.allocSlot(id)
+	slot, err := m.net.alloc(id)
 	if err != nil {
 		return nil, err
 	}
@@ -709,7 +689,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		rec.From = snap.ID
 	}
 	if err := m.put(ctx, rec); err != nil {
-		m.freeSlot(rec.UIDBase)
+		m.net.free(slotOf(rec.UIDBase))
 		return nil, err
 	}
 	admitted()
@@ -738,7 +718,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		rt.Destroy(context.Background(), &isolate.Spec{ID: id, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slot})
 		m.deleteTree(dir)
 		m.db.DeleteSandbox(context.Background(), id)
-		m.freeSlot(rec.UIDBase)
+		m.net.free(slotOf(rec.UIDBase))
 		return nil, err
 	}
 	m.event(id, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image, "from": rec.From})
@@ -762,7 +742,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 	return &isolate.Spec{
 		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),
 		Layers: layers, UIDBase: rec.UIDBase, Mounts: mounts,
-		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536,
+		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slotOf(rec.UIDBase),
 		NetBandwidth: int64(rec.Network.Bandwidth),
 		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids, Disk: int64(rec.Limits.Disk)},
 	}, nil
@@ -985,10 +965,10 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
 	delete(m.meters, rec.ID)
-	delete(m.netpol, rec.ID)
 	delete(m.procCache, rec.ID)
 	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
+	m.net.drop(rec.ID)
 	m.locks.forget(rec.ID)
 	m.act.forget(rec.ID)
 	if b != nil {
@@ -1248,7 +1228,7 @@ func (m *Manager) fillPool() {
 func (m *Manager) bootPooled() (*pooled, error) {
 	ctx := context.Background()
 	id := newID()
-	slot, err := m.allocSlot(id)
+	slot, err := m.net.alloc(id)
 	if err != nil {
 		return nil, err
 	}
@@ -1256,7 +1236,7 @@ func (m *Manager) bootPooled() (*pooled, error) {
 	m.applyRequest(rec, &api.CreateRequest{}, "")
 	rec.State = stateWarm
 	if err := m.put(ctx, rec); err != nil {
-		m.freeSlot(rec.UIDBase)
+		m.net.free(slotOf(rec.UIDBase))
 		return nil, err
 	}
 	spec, err := m.spec(ctx, rec)
@@ -1273,7 +1253,7 @@ func (m *Manager) bootPooled() (*pooled, error) {
 	}
 	if err != nil {
 		m.db.DeleteSandbox(ctx, id)
-		m.freeSlot(rec.UIDBase)
+		m.net.free(slotOf(rec.UIDBase))
 		return nil, err
 	}
 	b, err := m.rt.Start(ctx, spec)
@@ -1303,7 +1283,7 @@ func (m *Manager) teardown(rec *record, b isolate.Box) {
 		m.log.Warn("remove sandbox storage", "id", rec.ID, "err", err)
 	}
 	m.db.DeleteSandbox(ctx, rec.ID)
-	m.freeSlot(rec.UIDBase)
+	m.net.free(slotOf(rec.UIDBase))
 }
 
 // teardownAsync runs teardown off the request path.

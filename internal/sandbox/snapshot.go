@@ -529,12 +529,12 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 	release := func() {
 		for _, r := range recs {
 			m.deleteTree(filepath.Join(m.sandboxesDir(), r.ID))
-			m.freeSlot(r.UIDBase)
+			m.net.free(slotOf(r.UIDBase))
 		}
 	}
 	for i := 0; i < req.Count; i++ {
 		nid := newID()
-		slot, err := m.allocSlot(nid)
+		slot, err := m.net.alloc(nid)
 		if err != nil {
 			unlock()
 			release()
@@ -644,7 +644,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 				m.Remove(context.Background(), r.ID, true)
 			} else {
 				m.deleteTree(filepath.Join(m.sandboxesDir(), r.ID))
-				m.freeSlot(r.UIDBase)
+				m.net.free(slotOf(r.UIDBase))
 			}
 		}
 		return nil, err
