@@ -101,14 +101,14 @@ type Manager struct {
 	// box or its agent, or touches the store (lock() releases it before it
 	// takes the sandbox's lock). adm.mu is a leaf too.
 	mu          sync.Mutex
-	boxes       map[string]isolate.Box   // running sandboxes
-	meters      map[string]*meter        // usage accounting of running sandboxes
-	procCache   map[string]procCache     // recent agent process lists, for attribution
-	attrBuckets map[string]*bucket       // attribution rations
+	boxes       map[string]isolate.Box // running sandboxes
+	procCache   map[string]procCache   // recent agent process lists, for attribution
+	attrBuckets map[string]*bucket     // attribution rations
 
-	net   netTable   // id-range slots and egress policies
-	locks keyedLocks // one lifecycle operation at a time per sandbox (snapshot:ID, volume:NAME too)
-	act   activity   // last use and requests in flight, per sandbox
+	meters meterSet   // usage accounting of running sandboxes
+	net    netTable   // id-range slots and egress policies
+	locks  keyedLocks // one lifecycle operation at a time per sandbox (snapshot:ID, volume:NAME too)
+	act    activity   // last use and requests in flight, per sandbox
 	// adm serialises, per owner and kind of thing ("owner/sandboxes"), the
 	// count of what an owner has and the recording of a new one, so
 	// parallel requests cannot pass a quota together.
@@ -145,8 +145,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
-		boxes: map[string]isolate.Box{}, meters: map[string]*meter{},
-		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
+		boxes: map[string]isolate.Box{},
+		stop:  make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
 		m.pool = make(chan *pooled, cfg.WarmPool)
@@ -292,7 +292,7 @@ func (m *Manager) recover(ctx context.Context) error {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
 					m.thawCapture(ctx, rec, b)
 					m.boxes[rec.ID] = b
-					m.meters[rec.ID] = &meter{total: rec.Usage}
+					m.meters.start(rec.ID, rec.Usage, time.Time{})
 					m.watch(rec.ID, b)
 					m.settleExecs(ctx, rec.ID, b.Agent())
 					continue
@@ -918,9 +918,7 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 	if err := m.put(ctx, rec); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	delete(m.meters, rec.ID)
-	m.mu.Unlock()
+	m.meters.drop(rec.ID)
 	if state == api.StateStopped && wasUp {
 		m.event(rec.ID, "sandbox.stop", nil)
 	}
@@ -964,10 +962,10 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
-	delete(m.meters, rec.ID)
 	delete(m.procCache, rec.ID)
 	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
+	m.meters.drop(rec.ID)
 	m.net.drop(rec.ID)
 	m.locks.forget(rec.ID)
 	m.act.forget(rec.ID)
@@ -1077,6 +1075,17 @@ func (m *Manager) box(id string) isolate.Box {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.boxes[id]
+}
+
+// running is the boxes of the running sandboxes, as of now.
+func (m *Manager) running() map[string]isolate.Box {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	boxes := make(map[string]isolate.Box, len(m.boxes))
+	for id, b := range m.boxes {
+		boxes[id] = b
+	}
+	return boxes
 }
 
 func (m *Manager) limits(l api.Limits) api.Limits {
@@ -1298,13 +1307,7 @@ func (m *Manager) teardownAsync(rec *record, b isolate.Box) {
 // stopIdle stops running sandboxes idle past their idle timeout. A
 // sandbox's clock starts when it starts; an exec in flight keeps it busy.
 func (m *Manager) stopIdle(now time.Time) {
-	m.mu.Lock()
-	var ids []string
-	for id := range m.boxes {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
-	for _, id := range ids {
+	for id := range m.running() {
 		rec, err := m.get(context.Background(), id)
 		if err != nil || rec.IdleTimeout <= 0 || rec.State != api.StateRunning {
 			continue
