@@ -77,42 +77,32 @@ type Manager struct {
 	images *image.Store
 	log    *slog.Logger
 
-	// mu guards, today, every map below (each read or write of one takes
-	// it; none is read without it):
-	//   boxes       written by booted, claim, recover (before any other
-	//               goroutine runs), haltLocked, Remove, dropBox, watch;
-	//               read by agent, box, stopIdle, sampleUsage, Attribute.
-	//   seen, busy  written by agent, resumeLocked, hold; read by stopIdle
-	//               and sample (which also reads meters under the same hold).
-	//   meters      written by startMeter, recover, haltLocked, Remove;
-	//               read and updated by sample, usageOf, Metrics.
-	//   netpol      written by setNetPolicy, Remove; read by SandboxForAddr
-	//               (together with slots, one hold), refreshPolicies.
-	//   procCache   written by fetchProcs, Remove; read by agentProcs,
-	//               SleepingProcesses.
-	//   attrBuckets written by attributeToken (called with mu held, from
-	//               Attribute, which reads boxes in the same hold), Remove.
-	//   slots       written by allocSlot, freeSlot, recover; read by
-	//               SandboxForAddr.
-	//   locks       written by lock, Remove.
-	// Lock order: an owner's admission lock (adm) → a sandbox's lifecycle
-	// lock (locks[id]) → mu. mu is a leaf: it is held for map reads and
-	// writes only, never across a call that takes another lock, waits on a
-	// box or its agent, or touches the store (lock() releases it before it
-	// takes the sandbox's lock). adm.mu is a leaf too.
-	mu          sync.Mutex
-	boxes       map[string]isolate.Box // running sandboxes
-	procCache   map[string]procCache   // recent agent process lists, for attribution
-	attrBuckets map[string]*bucket     // attribution rations
+	// The registry. mu guards boxes, the box of each running sandbox; a
+	// sandbox's record (its state) is in the store, changed under its
+	// lifecycle lock (locks).
+	mu    sync.Mutex
+	boxes map[string]isolate.Box
 
-	meters meterSet   // usage accounting of running sandboxes
-	net    netTable   // id-range slots and egress policies
-	locks  keyedLocks // one lifecycle operation at a time per sandbox (snapshot:ID, volume:NAME too)
-	act    activity   // last use and requests in flight, per sandbox
+	// Each feature's state is a type of its own, whose mutex guards it:
+	locks  keyedLocks  // lifecycle locks: one operation at a time per sandbox (and per snapshot:ID, volume:NAME)
+	act    activity    // last use and requests in flight per sandbox (idle timeout, active time)
+	meters meterSet    // usage accounting of running sandboxes (usage.go)
+	net    netTable    // id-range slots and egress policies (network.go)
+	procs  procCache   // agents' recent process lists (procs.go; attribution, sleeping processes)
+	attr   attrRations // attribution rations (attribute.go)
 	// adm serialises, per owner and kind of thing ("owner/sandboxes"), the
 	// count of what an owner has and the recording of a new one, so
-	// parallel requests cannot pass a quota together.
+	// parallel requests cannot pass a quota together (scope.go).
 	adm keyedLocks
+
+	// Lock order: an admission lock (adm's, held from the count to the
+	// record) → a lifecycle lock (locks') → at most one of the leaf
+	// mutexes: mu, and the mutex inside each of locks, act, meters, net,
+	// procs, attr and adm. A leaf is held only to read or write its own
+	// fields: never across a call that takes another lock, waits on a box
+	// or its agent, or touches the store. So a feature type's methods
+	// never call out of their type, and code that needs two features'
+	// state (sample: activity then meters) takes them one after the other.
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}
@@ -962,11 +952,11 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
-	delete(m.procCache, rec.ID)
-	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
 	m.meters.drop(rec.ID)
 	m.net.drop(rec.ID)
+	m.procs.drop(rec.ID)
+	m.attr.drop(rec.ID)
 	m.locks.forget(rec.ID)
 	m.act.forget(rec.ID)
 	if b != nil {

@@ -192,9 +192,7 @@ func (m *Manager) SleepingProcesses(ctx context.Context, id string) (list []api.
 	if rec.State != api.StatePaused && !(rec.State == api.StateHibernated && rec.Checkpoint) {
 		return nil, false, nil
 	}
-	m.mu.Lock()
-	c, ok := m.procCache[rec.ID]
-	m.mu.Unlock()
+	c, ok := m.procs.get(rec.ID)
 	if !ok || c.procs == nil {
 		return nil, false, nil
 	}
