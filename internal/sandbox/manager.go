@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -110,11 +109,6 @@ type Manager struct {
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
-}
-
-type pooled struct {
-	rec *record
-	box isolate.Box
 }
 
 // record is a sandbox as stored: the API record plus what only the daemon needs.
@@ -494,108 +488,6 @@ func (m *Manager) event(sandbox, typ string, data any) {
 	if err := m.db.AddEvent(context.Background(), &store.Event{Sandbox: sandbox, Type: typ, Data: b}); err != nil {
 		m.log.Warn("event log", "type", typ, "err", err)
 	}
-}
-
-// wordOK reports whether s has 1 to max bytes, starts with an ASCII letter
-// or digit, and otherwise holds only letters, digits and bytes of extra.
-// (Hand-written: bounded regexp repetitions cost milliseconds to compile
-// at start-up, and every sandbox's init runs this binary too.)
-func wordOK(s string, max int, extra string, lowerOnly bool) bool {
-	if len(s) == 0 || len(s) > max {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case c >= 'A' && c <= 'Z' && !lowerOnly:
-		case i > 0 && strings.IndexByte(extra, c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-func validName(s string) bool { return wordOK(s, 63, "_.-", false) }
-
-func validLabelKey(s string) bool {
-	last := s[len(s)-1:]
-	return wordOK(s, 128, "_./-", false) && wordOK(last, 1, "", false)
-}
-
-func validEnv(kv string) bool {
-	i := strings.IndexByte(kv, '=')
-	return i > 0 && strings.IndexByte(kv, 0) < 0
-}
-
-func validateEnv(field string, env []string) error {
-	if len(env) > 4096 {
-		return api.FieldError(field, "more than 4096 variables")
-	}
-	for _, kv := range env {
-		if len(kv) > api.MaxArgLen {
-			return api.FieldError(field, "a variable of %d bytes (%.40q...); Linux takes at most %d per variable (MAX_ARG_STRLEN)", len(kv), kv, api.MaxArgLen)
-		}
-		if !validEnv(kv) {
-			return api.FieldError(field, "%q is not KEY=VALUE", kv)
-		}
-	}
-	if n := api.ArgBytes(env...); n > api.MaxArgTotal {
-		return api.FieldError(field, "the variables take %d bytes; Linux takes at most %d for arguments and environment together (ARG_MAX)", n, api.MaxArgTotal)
-	}
-	return nil
-}
-
-func validateLimits(l api.Limits) error {
-	if l.CPUs < 0 || l.CPUs > float64(runtime.NumCPU()) {
-		return api.FieldError("limits.cpus", "%g is out of range: this host has %d CPUs", l.CPUs, runtime.NumCPU())
-	}
-	if l.CPUs > 0 && l.CPUs < 0.01 {
-		return api.FieldError("limits.cpus", "%g is below the minimum of 0.01", l.CPUs)
-	}
-	if l.Memory != 0 && l.Memory < 8<<20 {
-		return api.FieldError("limits.memory", "%s is below the minimum of 8m", l.Memory)
-	}
-	if l.Pids < 0 || l.Pids > 1<<22 {
-		return api.FieldError("limits.pids", "%d is out of range", l.Pids)
-	}
-	if l.Pids > 0 && l.Pids < 4 {
-		return api.FieldError("limits.pids", "%d is below the minimum of 4", l.Pids)
-	}
-	return nil
-}
-
-func validateCreate(req *api.CreateRequest) error {
-	if req.Name != "" && !validName(req.Name) {
-		return api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
-	}
-	if len(req.Labels) > 64 {
-		return api.FieldError("labels", "more than 64 labels")
-	}
-	for k, v := range req.Labels {
-		if k == "" || !validLabelKey(k) {
-			return api.FieldError("labels", "bad label key %q", k)
-		}
-		if len(v) > 255 || strings.ContainsRune(v, 0) {
-			return api.FieldError("labels", "label %q: value longer than 255 bytes or with a NUL", k)
-		}
-	}
-	if err := validateEnv("env", req.Env); err != nil {
-		return err
-	}
-	if req.Workdir != "" && !strings.HasPrefix(req.Workdir, "/") {
-		return api.FieldError("workdir", "%q is not an absolute path", req.Workdir)
-	}
-	if len(req.User) > 256 {
-		return api.FieldError("user", "too long")
-	}
-	switch req.IdleAction {
-	case "", api.IdleStop, api.IdlePause, api.IdleHibernate:
-	default:
-		return api.FieldError("idle_action", "%q: use stop, pause or hibernate", req.IdleAction)
-	}
-	return validateLimits(req.Limits)
 }
 
 func newID() string {
@@ -1135,135 +1027,6 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest, owner string
 	if req.TTL > 0 {
 		rec.ExpiresAt = now.Add(req.TTL.D())
 	}
-}
-
-// claim turns a pooled sandbox into the requested one. ok is false when
-// the pool is empty (or off) and the caller must boot a fresh one.
-func (m *Manager) claim(ctx context.Context, req *api.CreateRequest) (*api.Sandbox, error, bool) {
-	if m.pool == nil {
-		return nil, nil, false
-	}
-	if req.Name != "" {
-		if _, err := m.db.GetSandbox(ctx, req.Name); err == nil {
-			return nil, api.Errorf(api.KindExists, "a sandbox named %q already exists", req.Name), true
-		}
-	}
-	var p *pooled
-	select {
-	case p = <-m.pool:
-	default:
-		return nil, nil, false
-	}
-	select {
-	case m.poolWake <- struct{}{}:
-	default:
-	}
-	rec, b := p.rec, p.box
-	unlock := m.lock(rec.ID)
-	defer unlock()
-	select {
-	case <-b.Done(): // died while pooled
-		m.teardownAsync(rec, nil)
-		return nil, nil, false
-	default:
-	}
-	pooledHost, pooledLimits := rec.Hostname, rec.Limits
-	m.applyRequest(rec, req, ScopeFrom(ctx).owner())
-	rec.State, rec.StartedAt = api.StateRunning, rec.CreatedAt
-	err := func() error {
-		if rec.Limits != pooledLimits {
-			if err := b.SetLimits(isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids}); err != nil {
-				return err
-			}
-		}
-		if rec.Hostname != pooledHost {
-			if err := b.Agent().JSON(ctx, "POST", "/hostname", nil, map[string]string{"hostname": rec.Hostname}, nil); err != nil {
-				return err
-			}
-		}
-		return m.put(ctx, rec)
-	}()
-	if err != nil {
-		m.db.DeleteSandbox(context.Background(), rec.ID)
-		m.teardownAsync(rec, b)
-		return nil, err, true
-	}
-	m.mu.Lock()
-	m.boxes[rec.ID] = b
-	m.mu.Unlock()
-	m.startMeter(rec)
-	m.watch(rec.ID, b)
-	m.event(rec.ID, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image, "warm": true})
-	return &rec.Sandbox, nil, true
-}
-
-// fillPool keeps the pool full, booting one sandbox at a time.
-func (m *Manager) fillPool() {
-	defer m.wg.Done()
-	for {
-		if len(m.pool) < cap(m.pool) {
-			p, err := m.bootPooled()
-			if err != nil {
-				m.log.Warn("warm pool", "err", err)
-			} else {
-				select {
-				case m.pool <- p:
-				case <-m.stop:
-					m.teardown(p.rec, p.box)
-					return
-				}
-				continue
-			}
-		}
-		select {
-		case <-m.stop:
-			return
-		case <-m.poolWake:
-		case <-time.After(5 * time.Second):
-		}
-	}
-}
-
-func (m *Manager) bootPooled() (*pooled, error) {
-	ctx := context.Background()
-	id := newID()
-	slot, err := m.net.alloc(id)
-	if err != nil {
-		return nil, err
-	}
-	rec := &record{Sandbox: api.Sandbox{ID: id, Image: HostImage, Runtime: m.rt.Name(), State: stateWarm}, UIDBase: uidStart + slot*65536}
-	m.applyRequest(rec, &api.CreateRequest{}, "")
-	rec.State = stateWarm
-	if err := m.put(ctx, rec); err != nil {
-		m.net.free(slotOf(rec.UIDBase))
-		return nil, err
-	}
-	spec, err := m.spec(ctx, rec)
-	if err == nil {
-		err = m.room()
-	}
-	if err == nil {
-		err = m.newTree(spec.Dir)
-		if err == nil {
-			if err = m.setQuota(spec.Dir, rec.Limits.Disk); err != nil {
-				m.deleteTree(spec.Dir)
-			}
-		}
-	}
-	if err != nil {
-		m.db.DeleteSandbox(ctx, id)
-		m.net.free(slotOf(rec.UIDBase))
-		return nil, err
-	}
-	b, err := m.rt.Start(ctx, spec)
-	if err != nil {
-		m.db.DeleteSandbox(ctx, id)
-		m.teardown(rec, nil)
-		return nil, err
-	}
-	rec.Pid = b.Pid()
-	m.put(ctx, rec)
-	return &pooled{rec: rec, box: b}, nil
 }
 
 // teardown stops a box (if any), removes its storage and frees its id range.
