@@ -70,11 +70,11 @@ const (
 
 // Manager owns every sandbox of one daemon.
 type Manager struct {
-	cfg    Config
-	db     *store.DB
-	rt     isolate.Runtime
-	images *image.Store
-	log    *slog.Logger
+	cfg  Config
+	db   *store.DB
+	rt   isolate.Runtime
+	imgs *imageStore // images, their layers and the host image (images.go)
+	log  *slog.Logger
 
 	// The registry. mu guards boxes, the box of each running sandbox; a
 	// sandbox's record (its state) is in the store, changed under its
@@ -128,7 +128,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg.Log = slog.Default()
 	}
 	m := &Manager{
-		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
+		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, log: cfg.Log,
+		imgs:  &imageStore{db: cfg.Store, layers: cfg.Images, dataDir: cfg.DataDir, log: cfg.Log},
 		boxes: map[string]isolate.Box{},
 		stop:  make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
@@ -142,7 +143,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		}
 		m.cfg.Storage = st
 	}
-	for _, d := range []string{m.sandboxesDir(), m.hostImageDir()} {
+	for _, d := range []string{m.sandboxesDir(), m.imgs.hostDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -160,7 +161,6 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 }
 
 func (m *Manager) sandboxesDir() string { return filepath.Join(m.storeRoot(), "sandboxes") }
-func (m *Manager) hostImageDir() string { return filepath.Join(m.cfg.DataDir, "images", "host") }
 
 // Close stops background work and removes the unclaimed pool. Running
 // sandboxes keep running; the next daemon reattaches to them.
@@ -613,7 +613,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 	if err != nil {
 		return nil, api.Errorf(api.KindNotFound, "image %q of sandbox %s is gone", rec.Image, rec.ID)
 	}
-	layers, err := m.imageLayers(img)
+	layers, err := m.imgs.rootfs(img)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func (m *Manager) SnapshotsDir() string { return m.snapshotsDir() }
 func (m *Manager) VolumesDir() string   { return m.volumesDir() }
 
 // ImageStore is the manager's image store.
-func (m *Manager) ImageStore() *image.Store { return m.images }
+func (m *Manager) ImageStore() *image.Store { return m.imgs.layers }
 
 // storeRoot is where sandbox, snapshot and volume trees live.
 func (m *Manager) storeRoot() string { return m.cfg.Storage.Root() }

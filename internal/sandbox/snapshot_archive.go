@@ -241,7 +241,7 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 			if err := os.Mkdir(dir, 0o755); err != nil {
 				return nil, bad("layer %s twice", name)
 			}
-			if err := m.images.UnpackTree(ctx, tr, dir, maxLoadLayerBytes); err != nil {
+			if err := m.imgs.layers.UnpackTree(ctx, tr, dir, maxLoadLayerBytes); err != nil {
 				return nil, bad("layer %s: %v", name, err)
 			}
 		default:
