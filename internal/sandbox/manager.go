@@ -70,11 +70,13 @@ const (
 
 // Manager owns every sandbox of one daemon.
 type Manager struct {
-	cfg  Config
-	db   *store.DB
-	rt   isolate.Runtime
-	imgs *imageStore // images, their layers and the host image (images.go)
-	log  *slog.Logger
+	cfg   Config
+	db    *store.DB
+	rt    isolate.Runtime
+	imgs  *imageStore  // images, their layers and the host image (images.go)
+	vols  *volumeStore // volumes (volumes.go)
+	trees              // sandbox, snapshot and volume trees (trees.go)
+	log   *slog.Logger
 
 	// The registry. mu guards boxes, the box of each running sandbox; a
 	// sandbox's record (its state) is in the store, changed under its
@@ -143,6 +145,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		}
 		m.cfg.Storage = st
 	}
+	m.trees = trees{m.cfg.Storage}
+	m.vols = &volumeStore{trees: m.trees, db: cfg.Store, log: cfg.Log}
 	for _, d := range []string{m.sandboxesDir(), m.imgs.hostDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err

@@ -51,39 +51,6 @@ func (m *Manager) VolumesDir() string   { return m.volumesDir() }
 // ImageStore is the manager's image store.
 func (m *Manager) ImageStore() *image.Store { return m.imgs.layers }
 
-// storeRoot is where sandbox, snapshot and volume trees live.
-func (m *Manager) storeRoot() string { return m.cfg.Storage.Root() }
-
-// newTree makes a sandbox's (empty) state directory.
-func (m *Manager) newTree(dir string) error { return m.cfg.Storage.Create(dir) }
-
-// copyTree makes dst a copy of src (cheap on btrfs).
-func (m *Manager) copyTree(src, dst string, readonly bool) error {
-	return m.cfg.Storage.Snapshot(src, dst, readonly)
-}
-
-// deleteTree removes a state directory or snapshot. Idempotent.
-func (m *Manager) deleteTree(dir string) error { return m.cfg.Storage.Delete(dir) }
-
-// setQuota applies a sandbox's disk limit to its state directory.
-func (m *Manager) setQuota(dir string, bytes api.Size) error {
-	if bytes <= 0 {
-		return nil
-	}
-	if !m.cfg.Storage.Quotas() {
-		return api.Errorf(api.KindUnsupported, "disk quotas need den's managed filesystem (btrfs), which this daemon does not have: see den info")
-	}
-	return m.cfg.Storage.SetQuota(dir, int64(bytes))
-}
-
-// diskUsed is the bytes a tree holds.
-func (m *Manager) diskUsed(dir string) int64 {
-	if n, err := m.cfg.Storage.Usage(dir); err == nil {
-		return n
-	}
-	return dirSize(dir)
-}
-
 func (m *Manager) putSnapshot(ctx context.Context, s *api.Snapshot) error {
 	doc, err := json.Marshal(s)
 	if err != nil {
