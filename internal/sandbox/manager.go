@@ -73,9 +73,10 @@ type Manager struct {
 	cfg   Config
 	db    *store.DB
 	rt    isolate.Runtime
-	imgs  *imageStore  // images, their layers and the host image (images.go)
-	vols  *volumeStore // volumes (volumes.go)
-	trees              // sandbox, snapshot and volume trees (trees.go)
+	imgs  *imageStore    // images, their layers and the host image (images.go)
+	vols  *volumeStore   // volumes (volumes.go)
+	snaps *snapshotStore // snapshots as kept: records, trees, manifests, saved memory (snapshot.go)
+	trees                // sandbox, snapshot and volume trees (trees.go)
 	log   *slog.Logger
 
 	// The registry. mu guards boxes, the box of each running sandbox; a
@@ -147,6 +148,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.trees = trees{m.cfg.Storage}
 	m.vols = &volumeStore{trees: m.trees, db: cfg.Store, log: cfg.Log}
+	m.snaps = &snapshotStore{trees: m.trees, db: cfg.Store, dataDir: cfg.DataDir, log: cfg.Log}
 	for _, d := range []string{m.sandboxesDir(), m.imgs.hostDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -582,7 +584,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	dir := filepath.Join(m.sandboxesDir(), id)
 	err = func() error {
 		if snap != nil {
-			if err := m.copyTree(m.snapshotDir(snap.ID), dir, false); err != nil {
+			if err := m.copyTree(m.snaps.dir(snap.ID), dir, false); err != nil {
 				return fmt.Errorf("copy snapshot: %w", err)
 			}
 			storage.RemoveTree(filepath.Join(dir, "work"))
@@ -593,7 +595,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 			return err
 		}
 		if snap != nil && m.memoryUsable(rec, snap) {
-			if m.restoreFrom(ctx, rec, m.memoryDir(snap.ID)) {
+			if m.restoreFrom(ctx, rec, m.snaps.memoryDir(snap.ID)) {
 				return nil
 			}
 			rec.Resumed = api.ResumedRestarted
