@@ -2,8 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,17 +17,12 @@ import (
 // with no daemon.
 func newTestImageStore(t *testing.T) *imageStore {
 	t.Helper()
-	dir := t.TempDir()
-	db, err := store.Open(filepath.Join(dir, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db, _, dir, log := testStoreEnv(t)
 	layers, err := image.NewStore(filepath.Join(dir, "images"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &imageStore{db: db, layers: layers, dataDir: dir, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	return &imageStore{db: db, layers: layers, dataDir: dir, log: log}
 }
 
 // addLayer stores a layer holding one file and returns its id.

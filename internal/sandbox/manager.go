@@ -97,10 +97,14 @@ type Manager struct {
 	// parallel requests cannot pass a quota together (scope.go).
 	adm keyedLocks
 
-	// Lock order: an admission lock (adm's, held from the count to the
-	// record) → a lifecycle lock (locks') → at most one of the leaf
-	// mutexes: mu, and the mutex inside each of locks, act, meters, net,
-	// procs, attr and adm. A leaf is held only to read or write its own
+	// Lock order: the lifecycle lock of an existing sandbox (Snapshot,
+	// Fork and Commit hold their source's) → an admission lock (adm's,
+	// held from the count to the record) → the lifecycle lock of what is
+	// being made (a fresh sandbox id, a pooled one only its claimer
+	// knows, volume:NAME) → at most one of the leaf mutexes: mu, and the
+	// mutex inside each of locks, act, meters, net, procs, attr and adm.
+	// Nothing waits for an existing sandbox's lifecycle lock while it
+	// holds an admission lock. A leaf is held only to read or write its own
 	// fields: never across a call that takes another lock, waits on a box
 	// or its agent, or touches the store. So a feature type's methods
 	// never call out of their type, and code that needs two features'

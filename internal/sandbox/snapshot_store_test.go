@@ -3,8 +3,6 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,22 +10,11 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/storage"
-	"github.com/den-dev/den/internal/store"
 )
 
 func newTestSnapshotStore(t *testing.T) *snapshotStore {
-	t.Helper()
-	dir := t.TempDir()
-	db, err := store.Open(filepath.Join(dir, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	st, err := storage.Open(storage.Config{Dir: dir, Mode: "dir"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &snapshotStore{trees: trees{st}, db: db, dataDir: dir, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	db, tr, dir, log := testStoreEnv(t)
+	return &snapshotStore{trees: tr, db: db, dataDir: dir, log: log}
 }
 
 // Snapshot records are found by id, id prefix or name as the scope

@@ -2,30 +2,16 @@ package sandbox
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/den-dev/den/api"
-	"github.com/den-dev/den/internal/storage"
-	"github.com/den-dev/den/internal/store"
 )
 
 func newTestVolumeStore(t *testing.T) *volumeStore {
-	t.Helper()
-	dir := t.TempDir()
-	db, err := store.Open(filepath.Join(dir, "den.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	st, err := storage.Open(storage.Config{Dir: dir, Mode: "dir"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &volumeStore{trees: trees{st}, db: db, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	db, tr, _, log := testStoreEnv(t)
+	return &volumeStore{trees: tr, db: db, log: log}
 }
 
 // A volume is a recorded tree: made once per name (over the files of one
