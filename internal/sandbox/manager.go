@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -194,47 +193,9 @@ func (m *Manager) close() {
 	}
 }
 
-// RuntimeName is the name of the default isolation tier.
-func (m *Manager) RuntimeName() string { return m.rt.Name() }
-
 // DataDir is the daemon's data directory (git workspaces keep their
 // repositories in DataDir/git).
 func (m *Manager) DataDir() string { return m.cfg.DataDir }
-
-// Runtimes names the tiers this daemon runs, the default first.
-func (m *Manager) Runtimes() []string {
-	names := []string{m.rt.Name()}
-	for _, n := range tierOrder {
-		if _, ok := m.cfg.Tiers[n]; ok && n != m.rt.Name() {
-			names = append(names, n)
-		}
-	}
-	return names
-}
-
-// tierOrder lists the tiers from the weakest boundary to the strongest.
-var tierOrder = []string{"linux", "gvisor", "microvm"}
-
-// tierByName returns the runtime called name, or an error that says why
-// there is none.
-func (m *Manager) tierByName(name string) (isolate.Runtime, error) {
-	if name == "" || name == m.rt.Name() {
-		return m.rt, nil
-	}
-	if rt, ok := m.cfg.Tiers[name]; ok {
-		return rt, nil
-	}
-	if why, ok := m.cfg.Unavailable[name]; ok {
-		return nil, api.Errorf(api.KindUnsupported, "the %s runtime is not available on this host: %s (see den info)", name, why)
-	}
-	if slices.Contains(tierOrder, name) {
-		return nil, api.Errorf(api.KindUnsupported, "this daemon does not run the %s runtime (see den info)", name)
-	}
-	return nil, api.FieldError("runtime", "%q is not a runtime: use %s", name, strings.Join(tierOrder, ", "))
-}
-
-// tier is the runtime of a sandbox.
-func (m *Manager) tier(rec *record) (isolate.Runtime, error) { return m.tierByName(rec.Runtime) }
 
 // lock takes a sandbox's lifecycle lock (or a snapshot's, "snapshot:ID",
 // or a volume's, "volume:NAME") and returns what releases it.
