@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/den-dev/den/api"
@@ -28,10 +29,8 @@ import (
 // attributeRate per second per sandbox (a burst of attributeBurst); past
 // that a connection goes unattributed rather than slowing the proxy.
 func (m *Manager) Attribute(sandbox, network string, src netip.AddrPort) (process, unknown string) {
-	m.mu.Lock()
-	b := m.boxes[sandbox]
-	ok := m.attributeToken(sandbox)
-	m.mu.Unlock()
+	b := m.box(sandbox)
+	ok := m.attr.take(sandbox, time.Now())
 	if b == nil {
 		return "", "the sandbox is not running"
 	}
@@ -82,16 +81,25 @@ type bucket struct {
 	at     time.Time
 }
 
-// attributeToken takes a token from the sandbox's bucket. Call with m.mu held.
-func (m *Manager) attributeToken(id string) bool {
-	if m.attrBuckets == nil {
-		m.attrBuckets = map[string]*bucket{}
+// attrRations is each sandbox's ration of attributions: a token bucket of
+// attributeBurst tokens refilled at attributeRate a second.
+type attrRations struct {
+	// mu guards buckets.
+	mu      sync.Mutex
+	buckets map[string]*bucket
+}
+
+// take takes a token from id's bucket at now; false if it is empty.
+func (r *attrRations) take(id string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.buckets == nil {
+		r.buckets = map[string]*bucket{}
 	}
-	b := m.attrBuckets[id]
-	now := time.Now()
+	b := r.buckets[id]
 	if b == nil {
 		b = &bucket{tokens: attributeBurst, at: now}
-		m.attrBuckets[id] = b
+		r.buckets[id] = b
 	}
 	b.tokens = min(attributeBurst, b.tokens+now.Sub(b.at).Seconds()*attributeRate)
 	b.at = now
@@ -102,19 +110,17 @@ func (m *Manager) attributeToken(id string) bool {
 	return true
 }
 
-// procCache keeps each sandbox's process list briefly: attribution runs
-// for every connection and query and must stay cheap.
-type procCache struct {
-	at    time.Time
-	procs []api.ProcessInfo
+// drop forgets id's bucket.
+func (r *attrRations) drop(id string) {
+	r.mu.Lock()
+	delete(r.buckets, id)
+	r.mu.Unlock()
 }
 
 // agentProcs is the agent's process list of sandbox id: the one kept
 // from the last second (cached true) unless fresh, else the agent's.
 func (m *Manager) agentProcs(id string, b isolate.Box, fresh bool) (procs []api.ProcessInfo, cached bool) {
-	m.mu.Lock()
-	c, ok := m.procCache[id]
-	m.mu.Unlock()
+	c, ok := m.procs.get(id)
 	if ok && !fresh && time.Since(c.at) < time.Second {
 		return c.procs, true
 	}
@@ -122,24 +128,17 @@ func (m *Manager) agentProcs(id string, b isolate.Box, fresh bool) (procs []api.
 }
 
 // fetchProcs asks a sandbox's agent for its process list, waiting at most
-// wait, and keeps it in procCache (nil, and none kept, if the agent does
+// wait, and keeps it in m.procs (nil, and none kept, if the agent does
 // not answer).
 func (m *Manager) fetchProcs(id string, b isolate.Box, wait time.Duration) []api.ProcessInfo {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	var procs []api.ProcessInfo
 	if err := b.Agent().JSON(ctx, "GET", agent.PathProcs, nil, nil, &procs); err != nil {
-		m.mu.Lock()
-		delete(m.procCache, id)
-		m.mu.Unlock()
+		m.procs.drop(id)
 		return nil
 	}
-	m.mu.Lock()
-	if m.procCache == nil {
-		m.procCache = map[string]procCache{}
-	}
-	m.procCache[id] = procCache{time.Now(), procs}
-	m.mu.Unlock()
+	m.procs.put(id, procs, time.Now())
 	return procs
 }
 

@@ -552,7 +552,7 @@ func (m *Manager) BuildDebian(ctx context.Context, suite, tag string, out io.Wri
 	if err := cmd.Run(); err != nil {
 		return nil, api.Errorf(api.KindInvalid, "mmdebstrap %s: %v", suite, err)
 	}
-	diffID, size, err := m.images.AddLayerFromDir(ctx, root)
+	diffID, size, err := m.imgs.layers.AddLayerFromDir(ctx, root)
 	if err != nil {
 		return nil, err
 	}

@@ -150,15 +150,15 @@ func FuzzLoadSnapshot(f *testing.F) {
 				t.Fatalf("refused with a %s error: %v", k, err)
 			}
 		} else {
-			got, gerr := m.getSnapshot(ctx, snap.ID)
+			got, gerr := m.snaps.get(ctx, snap.ID)
 			if gerr != nil || got.Memory || got.MemorySize != 0 {
 				t.Fatalf("loaded snapshot %s: %+v, %v", snap.ID, got, gerr)
 			}
 		}
-		ents, _ := os.ReadDir(m.snapshotsDir())
+		ents, _ := os.ReadDir(m.snaps.root())
 		for _, e := range ents {
 			if strings.HasSuffix(e.Name(), ".load") {
-				t.Fatalf("a half-loaded snapshot %s is left in %s", e.Name(), m.snapshotsDir())
+				t.Fatalf("a half-loaded snapshot %s is left in %s", e.Name(), m.snaps.root())
 			}
 		}
 		jail.Check(t)

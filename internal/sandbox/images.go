@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +33,22 @@ func newImageName(field, name string) error {
 	return nil
 }
 
+// imageStore is the daemon's images: their records in the store, their
+// layers in the layer store, and the built-in host image, whose small
+// private layer is generated under DataDir/images/host. It has no lock of
+// its own (it keeps no state in memory): the store and the layer store
+// serialise their own writes, and quotas on images are the manager's
+// admission (putImage).
+type imageStore struct {
+	db      *store.DB
+	layers  *image.Store
+	dataDir string
+	log     *slog.Logger
+}
+
+// hostDir is where the host image's generated layer is kept.
+func (s *imageStore) hostDir() string { return filepath.Join(s.dataDir, "images", "host") }
+
 func hostImageRecord() *api.Image {
 	return &api.Image{Name: HostImage, ID: "builtin:host", CreatedAt: time.Unix(0, 0).UTC(),
 		Config: api.ImageConfig{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}}
@@ -39,13 +56,18 @@ func hostImageRecord() *api.Image {
 
 // Image returns one image; "host" is built in.
 func (m *Manager) Image(ctx context.Context, name string) (*api.Image, error) {
+	return m.imgs.get(ctx, name)
+}
+
+// get is one image, its owner hidden from a scope that is not it.
+func (s *imageStore) get(ctx context.Context, name string) (*api.Image, error) {
 	if name == HostImage {
 		return hostImageRecord(), nil
 	}
 	if err := image.CheckName(name); err != nil {
 		return nil, api.FieldError("image", "%q is not an image name: %v", name, err)
 	}
-	img, err := m.db.GetImage(ctx, name)
+	img, err := s.db.GetImage(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, api.Errorf(api.KindNotFound, "no image %q: see `den image ls`, or import one with `den image import`", name)
 	}
@@ -69,8 +91,11 @@ func hideOwner(ctx context.Context, img *api.Image) {
 }
 
 // Images lists every image, the built-in one first.
-func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) {
-	all, err := m.db.ListImages(ctx)
+func (m *Manager) Images(ctx context.Context) ([]*api.Image, error) { return m.imgs.list(ctx) }
+
+// list is every image but the build cache, the built-in one first.
+func (s *imageStore) list(ctx context.Context) ([]*api.Image, error) {
+	all, err := s.db.ListImages(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +125,7 @@ func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader, pro
 	if err := m.room(); err != nil {
 		return nil, err
 	}
-	imgs, err := m.images.ImportReader(ctx, r, progress)
+	imgs, err := m.imgs.layers.ImportReader(ctx, r, progress)
 	if err != nil {
 		return nil, api.Errorf(api.KindInvalid, "import: %v", err)
 	}
@@ -154,27 +179,34 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	if _, err := m.Image(ctx, name); err != nil {
 		return err
 	}
-	users, err := m.db.ImageInUse(ctx, name)
-	if err != nil {
-		return err
-	}
-	if len(users) > 0 {
-		return api.Errorf(api.KindConflict, "image %q is used by %d sandbox(es), first %s: remove them first", name, len(users), users[0][:12])
-	}
-	if err := m.db.DeleteImage(ctx, name); err != nil {
-		return err
-	}
-	if _, err := m.gcLayers(ctx); err != nil {
+	if err := m.imgs.remove(ctx, name); err != nil {
 		return err
 	}
 	m.event("", "image.remove", map[string]any{"name": name})
 	return nil
 }
 
-// imageLayers is the root filesystem of an image as overlays.
-func (m *Manager) imageLayers(img *api.Image) ([]isolate.Overlay, error) {
+// remove deletes the record of an image no sandbox uses, then the layers
+// no image uses any more.
+func (s *imageStore) remove(ctx context.Context, name string) error {
+	users, err := s.db.ImageInUse(ctx, name)
+	if err != nil {
+		return err
+	}
+	if len(users) > 0 {
+		return api.Errorf(api.KindConflict, "image %q is used by %d sandbox(es), first %s: remove them first", name, len(users), users[0][:12])
+	}
+	if err := s.db.DeleteImage(ctx, name); err != nil {
+		return err
+	}
+	_, err = s.gc(ctx)
+	return err
+}
+
+// rootfs is the root filesystem of an image as overlays.
+func (s *imageStore) rootfs(img *api.Image) ([]isolate.Overlay, error) {
 	if img.Name == HostImage || img.Base == HostImage {
-		layers, err := hostLayers(m.hostImageDir())
+		layers, err := hostLayers(s.hostDir())
 		if err != nil {
 			return nil, err
 		}
@@ -184,17 +216,17 @@ func (m *Manager) imageLayers(img *api.Image) ([]isolate.Overlay, error) {
 				above = img.Layers
 			}
 			for _, l := range above {
-				layers[i].Lowers = append(layers[i].Lowers, m.images.LayerPath(l))
+				layers[i].Lowers = append(layers[i].Lowers, s.layers.LayerPath(l))
 			}
 		}
 		return layers, nil
 	}
 	var lowers []string
 	for _, l := range img.Layers {
-		lowers = append(lowers, m.images.LayerPath(l))
+		lowers = append(lowers, s.layers.LayerPath(l))
 	}
 	if len(lowers) == 0 {
-		dir := filepath.Join(m.cfg.DataDir, "images", "empty")
+		dir := filepath.Join(s.dataDir, "images", "empty")
 		os.MkdirAll(dir, 0o755)
 		lowers = []string{dir}
 	}
@@ -216,14 +248,21 @@ func (m *Manager) putImage(ctx context.Context, img *api.Image) error {
 		}
 		defer admitted()
 	}
+	return m.imgs.put(ctx, img)
+}
+
+// put records img under its name, unless the name is another's that the
+// request's scope may not replace or one that sandboxes use.
+func (s *imageStore) put(ctx context.Context, img *api.Image) error {
+	sc := ScopeFrom(ctx)
 	if !sc.IsAdmin() && !strings.HasPrefix(img.Name, cachePrefix+sc.owner()+"-") {
 		// Images are shared: a token adds new ones but never replaces
 		// one that others may run.
-		if _, err := m.db.GetImage(ctx, img.Name); err == nil {
+		if _, err := s.db.GetImage(ctx, img.Name); err == nil {
 			return api.Errorf(api.KindConflict, "image %q already exists and only the admin replaces images: pick another name", img.Name)
 		}
 	}
-	if users, err := m.db.ImageInUse(ctx, img.Name); err != nil {
+	if users, err := s.db.ImageInUse(ctx, img.Name); err != nil {
 		return err
 	} else if len(users) > 0 {
 		return api.Errorf(api.KindConflict, "image %q is used by %d sandbox(es), first %s: remove them or pick another name", img.Name, len(users), users[0][:12])
@@ -233,7 +272,7 @@ func (m *Manager) putImage(ctx context.Context, img *api.Image) error {
 		all = append(all, ls...)
 	}
 	doc, _ := json.Marshal(img)
-	return m.db.PutImage(ctx, &store.Image{Name: img.Name, ID: img.ID, Layers: all, Size: img.Size, CreatedAt: img.CreatedAt, Doc: doc})
+	return s.db.PutImage(ctx, &store.Image{Name: img.Name, ID: img.ID, Layers: all, Size: img.Size, CreatedAt: img.CreatedAt, Doc: doc})
 }
 
 // Commit makes an image of a sandbox's files as they are: each writable
@@ -279,7 +318,7 @@ func (m *Manager) Commit(ctx context.Context, id string, req api.CommitRequest) 
 		}
 		// The upper dir stores the ids as the sandbox saw them (the linux
 		// tier id-maps it), and the layer keeps them.
-		diffID, size, err := m.images.AddLayerFromDirOptions(ctx, upper, image.DirOptions{IDBase: 0})
+		diffID, size, err := m.imgs.layers.AddLayerFromDirOptions(ctx, upper, image.DirOptions{IDBase: 0})
 		if err != nil {
 			return nil, fmt.Errorf("commit %s: %w", l.Target, err)
 		}
@@ -347,7 +386,7 @@ func (m *Manager) PullImage(ctx context.Context, ref string, opts image.PullOpti
 			return nil, err // before pulling anything
 		}
 	}
-	ni, err := m.images.Pull(ctx, ref, opts, progress)
+	ni, err := m.imgs.layers.Pull(ctx, ref, opts, progress)
 	if err != nil {
 		return nil, api.Errorf(api.KindInvalid, "%v", err)
 	}
@@ -384,9 +423,14 @@ func fromStore(name string, si image.Image) *api.Image {
 // docker load) reads on another host. Images on the host base cannot be
 // saved: their lower layers are this host's own files.
 func (m *Manager) SaveImages(ctx context.Context, names []string, w io.Writer) error {
+	return m.imgs.save(ctx, names, w)
+}
+
+// save writes the named images as one OCI archive.
+func (s *imageStore) save(ctx context.Context, names []string, w io.Writer) error {
 	var imgs []image.SaveImage
 	for _, n := range names {
-		img, err := m.Image(ctx, n)
+		img, err := s.get(ctx, n)
 		if err != nil {
 			return err
 		}
@@ -399,7 +443,7 @@ func (m *Manager) SaveImages(ctx context.Context, names []string, w io.Writer) e
 				Entrypoint: img.Config.Entrypoint, ExposedPorts: img.Config.ExposedPorts, Labels: img.Config.Labels},
 		}})
 	}
-	return m.images.Save(ctx, w, imgs)
+	return s.layers.Save(ctx, w, imgs)
 }
 
 // PruneResult says what a prune removed.
@@ -410,8 +454,11 @@ type PruneResult struct {
 
 // PruneImages removes the build cache not used by any sandbox, and every
 // layer no image uses.
-func (m *Manager) PruneImages(ctx context.Context) (*PruneResult, error) {
-	all, err := m.db.ListImages(ctx)
+func (m *Manager) PruneImages(ctx context.Context) (*PruneResult, error) { return m.imgs.prune(ctx) }
+
+// prune removes the build cache no sandbox uses, then unused layers.
+func (s *imageStore) prune(ctx context.Context) (*PruneResult, error) {
+	all, err := s.db.ListImages(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -420,33 +467,33 @@ func (m *Manager) PruneImages(ctx context.Context) (*PruneResult, error) {
 		if !strings.HasPrefix(i.Name, cachePrefix) {
 			continue
 		}
-		if users, _ := m.db.ImageInUse(ctx, i.Name); len(users) > 0 {
+		if users, _ := s.db.ImageInUse(ctx, i.Name); len(users) > 0 {
 			continue
 		}
-		if err := m.db.DeleteImage(ctx, i.Name); err == nil {
+		if err := s.db.DeleteImage(ctx, i.Name); err == nil {
 			res.Images = append(res.Images, i.Name)
 		}
 	}
-	n, err := m.gcLayers(ctx)
+	n, err := s.gc(ctx)
 	res.Layers = n
 	return res, err
 }
 
-// gcLayers removes layers no image refers to.
-func (m *Manager) gcLayers(ctx context.Context) (int, error) {
-	refs, err := m.db.LayerRefs(ctx)
+// gc removes layers no image refers to.
+func (s *imageStore) gc(ctx context.Context) (int, error) {
+	refs, err := s.db.LayerRefs(ctx)
 	if err != nil {
 		return 0, err
 	}
-	present, err := m.images.Layers()
+	present, err := s.layers.Layers()
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for _, l := range present {
 		if refs[l] == 0 {
-			if err := m.images.RemoveLayer(l); err != nil {
-				m.log.Warn("remove layer", "layer", l, "err", err)
+			if err := s.layers.RemoveLayer(l); err != nil {
+				s.log.Warn("remove layer", "layer", l, "err", err)
 				continue
 			}
 			n++

@@ -15,15 +15,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
-	"github.com/den-dev/den/internal/egress"
 	"github.com/den-dev/den/internal/image"
 	"github.com/den-dev/den/internal/isolate"
 	"github.com/den-dev/den/internal/storage"
@@ -72,24 +69,46 @@ const (
 
 // Manager owns every sandbox of one daemon.
 type Manager struct {
-	cfg    Config
-	db     *store.DB
-	rt     isolate.Runtime
-	images *image.Store
-	log    *slog.Logger
+	cfg   Config
+	db    *store.DB
+	rt    isolate.Runtime
+	imgs  *imageStore    // images, their layers and the host image (images.go)
+	vols  *volumeStore   // volumes (volumes.go)
+	snaps *snapshotStore // snapshots as kept: records, trees, manifests, saved memory (snapshot.go)
+	trees                // sandbox, snapshot and volume trees (trees.go)
+	log   *slog.Logger
 
-	mu          sync.Mutex
-	boxes       map[string]isolate.Box   // running sandboxes
-	seen        map[string]time.Time     // last API activity of each running sandbox
-	busy        map[string]int           // requests in flight per sandbox
-	meters      map[string]*meter        // usage accounting of running sandboxes
-	netpol      map[string]egress.Policy // egress policies of networked sandboxes
-	procCache   map[string]procCache     // recent agent process lists, for attribution
-	attrBuckets map[string]*bucket       // attribution rations
-	slots       map[int]string           // id range slot → sandbox id
-	locks       map[string]*sync.Mutex   // one lifecycle operation at a time per sandbox
-	adm         admission                // per-owner quota checks
-	denials     denialWatches            // the egress denials of the execs running
+	// The registry. mu guards boxes, the box of each running sandbox; a
+	// sandbox's record (its state) is in the store, changed under its
+	// lifecycle lock (locks).
+	mu    sync.Mutex
+	boxes map[string]isolate.Box
+
+	// Each feature's state is a type of its own, whose mutex guards it:
+	locks  keyedLocks  // lifecycle locks: one operation at a time per sandbox (and per snapshot:ID, volume:NAME)
+	act    activity    // last use and requests in flight per sandbox (idle timeout, active time)
+	meters meterSet    // usage accounting of running sandboxes (usage.go)
+	net    netTable    // id-range slots and egress policies (network.go)
+	procs  procCache   // agents' recent process lists (procs.go; attribution, sleeping processes)
+	attr   attrRations // attribution rations (attribute.go)
+	// adm serialises, per owner and kind of thing ("owner/sandboxes"), the
+	// count of what an owner has and the recording of a new one, so
+	// parallel requests cannot pass a quota together (scope.go).
+	adm     keyedLocks
+	denials denialWatches // the egress denials of the execs running (denials.go)
+
+	// Lock order: the lifecycle lock of an existing sandbox (Snapshot,
+	// Fork and Commit hold their source's) → an admission lock (adm's,
+	// held from the count to the record) → the lifecycle lock of what is
+	// being made (a fresh sandbox id, a pooled one only its claimer
+	// knows, volume:NAME) → at most one of the leaf mutexes: mu, and the
+	// mutex inside each of locks, act, meters, net, procs, attr and adm.
+	// Nothing waits for an existing sandbox's lifecycle lock while it
+	// holds an admission lock. A leaf is held only to read or write its own
+	// fields: never across a call that takes another lock, waits on a box
+	// or its agent, or touches the store. So a feature type's methods
+	// never call out of their type, and code that needs two features'
+	// state (sample: activity then meters) takes them one after the other.
 
 	pool     chan *pooled // booted, unclaimed sandboxes of the host image
 	poolWake chan struct{}
@@ -97,11 +116,6 @@ type Manager struct {
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
-}
-
-type pooled struct {
-	rec *record
-	box isolate.Box
 }
 
 // record is a sandbox as stored: the API record plus what only the daemon needs.
@@ -121,9 +135,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg.Log = slog.Default()
 	}
 	m := &Manager{
-		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, images: cfg.Images, log: cfg.Log,
-		boxes: map[string]isolate.Box{}, seen: map[string]time.Time{}, busy: map[string]int{}, meters: map[string]*meter{}, netpol: map[string]egress.Policy{}, slots: map[int]string{}, locks: map[string]*sync.Mutex{},
-		stop: make(chan struct{}), poolWake: make(chan struct{}, 1),
+		cfg: cfg, db: cfg.Store, rt: cfg.Runtime, log: cfg.Log,
+		imgs:  &imageStore{db: cfg.Store, layers: cfg.Images, dataDir: cfg.DataDir, log: cfg.Log},
+		boxes: map[string]isolate.Box{},
+		stop:  make(chan struct{}), poolWake: make(chan struct{}, 1),
 	}
 	if cfg.WarmPool > 0 {
 		m.pool = make(chan *pooled, cfg.WarmPool)
@@ -135,7 +150,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		}
 		m.cfg.Storage = st
 	}
-	for _, d := range []string{m.sandboxesDir(), m.hostImageDir()} {
+	m.trees = trees{m.cfg.Storage}
+	m.vols = &volumeStore{trees: m.trees, db: cfg.Store, log: cfg.Log}
+	m.snaps = &snapshotStore{trees: m.trees, db: cfg.Store, dataDir: cfg.DataDir, log: cfg.Log}
+	for _, d := range []string{m.sandboxesDir(), m.imgs.hostDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -153,7 +171,6 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 }
 
 func (m *Manager) sandboxesDir() string { return filepath.Join(m.storeRoot(), "sandboxes") }
-func (m *Manager) hostImageDir() string { return filepath.Join(m.cfg.DataDir, "images", "host") }
 
 // Close stops background work and removes the unclaimed pool. Running
 // sandboxes keep running; the next daemon reattaches to them.
@@ -177,59 +194,13 @@ func (m *Manager) close() {
 	}
 }
 
-// RuntimeName is the name of the default isolation tier.
-func (m *Manager) RuntimeName() string { return m.rt.Name() }
-
 // DataDir is the daemon's data directory (git workspaces keep their
 // repositories in DataDir/git).
 func (m *Manager) DataDir() string { return m.cfg.DataDir }
 
-// Runtimes names the tiers this daemon runs, the default first.
-func (m *Manager) Runtimes() []string {
-	names := []string{m.rt.Name()}
-	for _, n := range tierOrder {
-		if _, ok := m.cfg.Tiers[n]; ok && n != m.rt.Name() {
-			names = append(names, n)
-		}
-	}
-	return names
-}
-
-// tierOrder lists the tiers from the weakest boundary to the strongest.
-var tierOrder = []string{"linux", "gvisor", "microvm"}
-
-// tierByName returns the runtime called name, or an error that says why
-// there is none.
-func (m *Manager) tierByName(name string) (isolate.Runtime, error) {
-	if name == "" || name == m.rt.Name() {
-		return m.rt, nil
-	}
-	if rt, ok := m.cfg.Tiers[name]; ok {
-		return rt, nil
-	}
-	if why, ok := m.cfg.Unavailable[name]; ok {
-		return nil, api.Errorf(api.KindUnsupported, "the %s runtime is not available on this host: %s (see den info)", name, why)
-	}
-	if slices.Contains(tierOrder, name) {
-		return nil, api.Errorf(api.KindUnsupported, "this daemon does not run the %s runtime (see den info)", name)
-	}
-	return nil, api.FieldError("runtime", "%q is not a runtime: use %s", name, strings.Join(tierOrder, ", "))
-}
-
-// tier is the runtime of a sandbox.
-func (m *Manager) tier(rec *record) (isolate.Runtime, error) { return m.tierByName(rec.Runtime) }
-
-func (m *Manager) lock(id string) func() {
-	m.mu.Lock()
-	l, ok := m.locks[id]
-	if !ok {
-		l = &sync.Mutex{}
-		m.locks[id] = l
-	}
-	m.mu.Unlock()
-	l.Lock()
-	return l.Unlock
-}
+// lock takes a sandbox's lifecycle lock (or a snapshot's, "snapshot:ID",
+// or a volume's, "volume:NAME") and returns what releases it.
+func (m *Manager) lock(id string) func() { return m.locks.lock(id) }
 
 // lockRecord finds a sandbox, locks it for one lifecycle operation and
 // reads its record again under the lock (another operation may have
@@ -260,7 +231,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		known[rec.ID] = true
-		m.slots[(rec.UIDBase-uidStart)/65536] = rec.ID
+		m.net.take(slotOf(rec.UIDBase), rec.ID)
 		m.setNetPolicy(rec.ID, rec.Owner, rec.Network)
 		if rec.State == stateWarm { // a pool left by a daemon that died
 			m.db.DeleteSandbox(ctx, rec.ID)
@@ -277,7 +248,7 @@ func (m *Manager) recover(ctx context.Context) error {
 				if b, err := l.Load(ctx, spec, rec.Pid); err == nil {
 					m.thawCapture(ctx, rec, b)
 					m.boxes[rec.ID] = b
-					m.meters[rec.ID] = &meter{total: rec.Usage}
+					m.meters.start(rec.ID, rec.Usage, time.Time{})
 					m.watch(rec.ID, b)
 					m.settleExecs(ctx, rec.ID, b.Agent())
 					continue
@@ -345,7 +316,7 @@ func (m *Manager) interrupted(ctx context.Context, rec *record) error {
 func (m *Manager) cleanBox(ctx context.Context, rec *record) ([]string, error) {
 	spec, err := m.spec(ctx, rec)
 	if err != nil {
-		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536}
+		spec = &isolate.Spec{ID: rec.ID, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slotOf(rec.UIDBase)}
 	}
 	spec.Dir = ""
 	rt, err := m.tier(rec)
@@ -481,130 +452,10 @@ func (m *Manager) event(sandbox, typ string, data any) {
 	}
 }
 
-// wordOK reports whether s has 1 to max bytes, starts with an ASCII letter
-// or digit, and otherwise holds only letters, digits and bytes of extra.
-// (Hand-written: bounded regexp repetitions cost milliseconds to compile
-// at start-up, and every sandbox's init runs this binary too.)
-func wordOK(s string, max int, extra string, lowerOnly bool) bool {
-	if len(s) == 0 || len(s) > max {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case c >= 'A' && c <= 'Z' && !lowerOnly:
-		case i > 0 && strings.IndexByte(extra, c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-func validName(s string) bool { return wordOK(s, 63, "_.-", false) }
-
-func validLabelKey(s string) bool {
-	last := s[len(s)-1:]
-	return wordOK(s, 128, "_./-", false) && wordOK(last, 1, "", false)
-}
-
-func validEnv(kv string) bool {
-	i := strings.IndexByte(kv, '=')
-	return i > 0 && strings.IndexByte(kv, 0) < 0
-}
-
-func validateEnv(field string, env []string) error {
-	if len(env) > 4096 {
-		return api.FieldError(field, "more than 4096 variables")
-	}
-	for _, kv := range env {
-		if len(kv) > api.MaxArgLen {
-			return api.FieldError(field, "a variable of %d bytes (%.40q...); Linux takes at most %d per variable (MAX_ARG_STRLEN)", len(kv), kv, api.MaxArgLen)
-		}
-		if !validEnv(kv) {
-			return api.FieldError(field, "%q is not KEY=VALUE", kv)
-		}
-	}
-	if n := api.ArgBytes(env...); n > api.MaxArgTotal {
-		return api.FieldError(field, "the variables take %d bytes; Linux takes at most %d for arguments and environment together (ARG_MAX)", n, api.MaxArgTotal)
-	}
-	return nil
-}
-
-func validateLimits(l api.Limits) error {
-	if l.CPUs < 0 || l.CPUs > float64(runtime.NumCPU()) {
-		return api.FieldError("limits.cpus", "%g is out of range: this host has %d CPUs", l.CPUs, runtime.NumCPU())
-	}
-	if l.CPUs > 0 && l.CPUs < 0.01 {
-		return api.FieldError("limits.cpus", "%g is below the minimum of 0.01", l.CPUs)
-	}
-	if l.Memory != 0 && l.Memory < 8<<20 {
-		return api.FieldError("limits.memory", "%s is below the minimum of 8m", l.Memory)
-	}
-	if l.Pids < 0 || l.Pids > 1<<22 {
-		return api.FieldError("limits.pids", "%d is out of range", l.Pids)
-	}
-	if l.Pids > 0 && l.Pids < 4 {
-		return api.FieldError("limits.pids", "%d is below the minimum of 4", l.Pids)
-	}
-	return nil
-}
-
-func validateCreate(req *api.CreateRequest) error {
-	if req.Name != "" && !validName(req.Name) {
-		return api.FieldError("name", "%q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit", req.Name)
-	}
-	if len(req.Labels) > 64 {
-		return api.FieldError("labels", "more than 64 labels")
-	}
-	for k, v := range req.Labels {
-		if k == "" || !validLabelKey(k) {
-			return api.FieldError("labels", "bad label key %q", k)
-		}
-		if len(v) > 255 || strings.ContainsRune(v, 0) {
-			return api.FieldError("labels", "label %q: value longer than 255 bytes or with a NUL", k)
-		}
-	}
-	if err := validateEnv("env", req.Env); err != nil {
-		return err
-	}
-	if req.Workdir != "" && !strings.HasPrefix(req.Workdir, "/") {
-		return api.FieldError("workdir", "%q is not an absolute path", req.Workdir)
-	}
-	if len(req.User) > 256 {
-		return api.FieldError("user", "too long")
-	}
-	switch req.IdleAction {
-	case "", api.IdleStop, api.IdlePause, api.IdleHibernate:
-	default:
-		return api.FieldError("idle_action", "%q: use stop, pause or hibernate", req.IdleAction)
-	}
-	return validateLimits(req.Limits)
-}
-
 func newID() string {
 	var b [16]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-func (m *Manager) allocSlot(id string) (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := 0; i < maxSlots; i++ {
-		if _, used := m.slots[i]; !used {
-			m.slots[i] = id
-			return i, nil
-		}
-	}
-	return 0, api.Errorf(api.KindConflict, "all %d id ranges are in use: remove sandboxes", maxSlots)
-}
-
-func (m *Manager) freeSlot(base int) {
-	m.mu.Lock()
-	delete(m.slots, (base-uidStart)/65536)
-	m.mu.Unlock()
 }
 
 // Create makes and starts a sandbox.
@@ -670,7 +521,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		}
 	}
 	id := newID()
-	slot, err := m.allocSlot(id)
+	slot, err := m.net.alloc(id)
 	if err != nil {
 		return nil, err
 	}
@@ -682,14 +533,14 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		rec.From = snap.ID
 	}
 	if err := m.put(ctx, rec); err != nil {
-		m.freeSlot(rec.UIDBase)
+		m.net.free(slotOf(rec.UIDBase))
 		return nil, err
 	}
 	admitted()
 	dir := filepath.Join(m.sandboxesDir(), id)
 	err = func() error {
 		if snap != nil {
-			if err := m.copyTree(m.snapshotDir(snap.ID), dir, false); err != nil {
+			if err := m.copyTree(m.snaps.dir(snap.ID), dir, false); err != nil {
 				return fmt.Errorf("copy snapshot: %w", err)
 			}
 			storage.RemoveTree(filepath.Join(dir, "work"))
@@ -700,7 +551,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 			return err
 		}
 		if snap != nil && m.memoryUsable(rec, snap) {
-			if m.restoreFrom(ctx, rec, m.memoryDir(snap.ID)) {
+			if m.restoreFrom(ctx, rec, m.snaps.memoryDir(snap.ID)) {
 				return nil
 			}
 			rec.Resumed = api.ResumedRestarted
@@ -711,7 +562,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		rt.Destroy(context.Background(), &isolate.Spec{ID: id, Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slot})
 		m.deleteTree(dir)
 		m.db.DeleteSandbox(context.Background(), id)
-		m.freeSlot(rec.UIDBase)
+		m.net.free(slotOf(rec.UIDBase))
 		return nil, err
 	}
 	m.event(id, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image, "from": rec.From})
@@ -724,7 +575,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 	if err != nil {
 		return nil, api.Errorf(api.KindNotFound, "image %q of sandbox %s is gone", rec.Image, rec.ID)
 	}
-	layers, err := m.imageLayers(img)
+	layers, err := m.imgs.rootfs(img)
 	if err != nil {
 		return nil, err
 	}
@@ -735,7 +586,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 	return &isolate.Spec{
 		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),
 		Layers: layers, UIDBase: rec.UIDBase, Mounts: mounts,
-		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: (rec.UIDBase - uidStart) / 65536,
+		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slotOf(rec.UIDBase),
 		NetBandwidth: int64(rec.Network.Bandwidth),
 		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids, Disk: int64(rec.Limits.Disk)},
 	}, nil
@@ -886,8 +737,8 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
-	delete(m.seen, rec.ID)
 	m.mu.Unlock()
+	m.act.forget(rec.ID)
 	m.sampleOne(rec.ID, b) // the last reading, while the cgroup still counts
 	if b != nil {
 		retire(b, rec.ID, state)
@@ -908,9 +759,7 @@ func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) err
 	if err := m.put(ctx, rec); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	delete(m.meters, rec.ID)
-	m.mu.Unlock()
+	m.meters.drop(rec.ID)
 	if state == api.StateStopped && wasUp {
 		m.event(rec.ID, "sandbox.stop", nil)
 	}
@@ -954,13 +803,13 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
-	delete(m.locks, rec.ID)
-	delete(m.meters, rec.ID)
-	delete(m.seen, rec.ID)
-	delete(m.netpol, rec.ID)
-	delete(m.procCache, rec.ID)
-	delete(m.attrBuckets, rec.ID)
 	m.mu.Unlock()
+	m.meters.drop(rec.ID)
+	m.net.drop(rec.ID)
+	m.procs.drop(rec.ID)
+	m.attr.drop(rec.ID)
+	m.locks.forget(rec.ID)
+	m.act.forget(rec.ID)
 	if b != nil {
 		retire(b, rec.ID, "removed")
 	}
@@ -1055,15 +904,11 @@ func (m *Manager) agent(ctx context.Context, id string, wake bool) (*agent.Clien
 		}
 		rec = locked
 	}
-	m.mu.Lock()
-	b := m.boxes[rec.ID]
-	if b != nil {
-		m.seen[rec.ID] = time.Now()
-	}
-	m.mu.Unlock()
+	b := m.box(rec.ID)
 	if b == nil {
 		return nil, nil, notRunning(&rec.Sandbox)
 	}
+	m.act.touch(rec.ID, time.Now())
 	return b.Agent(), &rec.Sandbox, nil
 }
 
@@ -1071,6 +916,17 @@ func (m *Manager) box(id string) isolate.Box {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.boxes[id]
+}
+
+// running is the boxes of the running sandboxes, as of now.
+func (m *Manager) running() map[string]isolate.Box {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	boxes := make(map[string]isolate.Box, len(m.boxes))
+	for id, b := range m.boxes {
+		boxes[id] = b
+	}
+	return boxes
 }
 
 func (m *Manager) limits(l api.Limits) api.Limits {
@@ -1132,135 +988,6 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest, owner string
 	}
 }
 
-// claim turns a pooled sandbox into the requested one. ok is false when
-// the pool is empty (or off) and the caller must boot a fresh one.
-func (m *Manager) claim(ctx context.Context, req *api.CreateRequest) (*api.Sandbox, error, bool) {
-	if m.pool == nil {
-		return nil, nil, false
-	}
-	if req.Name != "" {
-		if _, err := m.db.GetSandbox(ctx, req.Name); err == nil {
-			return nil, api.Errorf(api.KindExists, "a sandbox named %q already exists", req.Name), true
-		}
-	}
-	var p *pooled
-	select {
-	case p = <-m.pool:
-	default:
-		return nil, nil, false
-	}
-	select {
-	case m.poolWake <- struct{}{}:
-	default:
-	}
-	rec, b := p.rec, p.box
-	unlock := m.lock(rec.ID)
-	defer unlock()
-	select {
-	case <-b.Done(): // died while pooled
-		m.teardownAsync(rec, nil)
-		return nil, nil, false
-	default:
-	}
-	pooledHost, pooledLimits := rec.Hostname, rec.Limits
-	m.applyRequest(rec, req, ScopeFrom(ctx).owner())
-	rec.State, rec.StartedAt = api.StateRunning, rec.CreatedAt
-	err := func() error {
-		if rec.Limits != pooledLimits {
-			if err := b.SetLimits(isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids}); err != nil {
-				return err
-			}
-		}
-		if rec.Hostname != pooledHost {
-			if err := b.Agent().JSON(ctx, "POST", agent.PathHostname, nil, map[string]string{"hostname": rec.Hostname}, nil); err != nil {
-				return err
-			}
-		}
-		return m.put(ctx, rec)
-	}()
-	if err != nil {
-		m.db.DeleteSandbox(context.Background(), rec.ID)
-		m.teardownAsync(rec, b)
-		return nil, err, true
-	}
-	m.mu.Lock()
-	m.boxes[rec.ID] = b
-	m.mu.Unlock()
-	m.startMeter(rec)
-	m.watch(rec.ID, b)
-	m.event(rec.ID, "sandbox.create", map[string]any{"name": rec.Name, "image": rec.Image, "warm": true})
-	return &rec.Sandbox, nil, true
-}
-
-// fillPool keeps the pool full, booting one sandbox at a time.
-func (m *Manager) fillPool() {
-	defer m.wg.Done()
-	for {
-		if len(m.pool) < cap(m.pool) {
-			p, err := m.bootPooled()
-			if err != nil {
-				m.log.Warn("warm pool", "err", err)
-			} else {
-				select {
-				case m.pool <- p:
-				case <-m.stop:
-					m.teardown(p.rec, p.box)
-					return
-				}
-				continue
-			}
-		}
-		select {
-		case <-m.stop:
-			return
-		case <-m.poolWake:
-		case <-time.After(5 * time.Second):
-		}
-	}
-}
-
-func (m *Manager) bootPooled() (*pooled, error) {
-	ctx := context.Background()
-	id := newID()
-	slot, err := m.allocSlot(id)
-	if err != nil {
-		return nil, err
-	}
-	rec := &record{Sandbox: api.Sandbox{ID: id, Image: HostImage, Runtime: m.rt.Name(), State: stateWarm}, UIDBase: uidStart + slot*65536}
-	m.applyRequest(rec, &api.CreateRequest{}, "")
-	rec.State = stateWarm
-	if err := m.put(ctx, rec); err != nil {
-		m.freeSlot(rec.UIDBase)
-		return nil, err
-	}
-	spec, err := m.spec(ctx, rec)
-	if err == nil {
-		err = m.room()
-	}
-	if err == nil {
-		err = m.newTree(spec.Dir)
-		if err == nil {
-			if err = m.setQuota(spec.Dir, rec.Limits.Disk); err != nil {
-				m.deleteTree(spec.Dir)
-			}
-		}
-	}
-	if err != nil {
-		m.db.DeleteSandbox(ctx, id)
-		m.freeSlot(rec.UIDBase)
-		return nil, err
-	}
-	b, err := m.rt.Start(ctx, spec)
-	if err != nil {
-		m.db.DeleteSandbox(ctx, id)
-		m.teardown(rec, nil)
-		return nil, err
-	}
-	rec.Pid = b.Pid()
-	m.put(ctx, rec)
-	return &pooled{rec: rec, box: b}, nil
-}
-
 // teardown stops a box (if any), removes its storage and frees its id range.
 func (m *Manager) teardown(rec *record, b isolate.Box) {
 	isolate.TestStall("teardown", rec.ID)
@@ -1277,7 +1004,7 @@ func (m *Manager) teardown(rec *record, b isolate.Box) {
 		m.log.Warn("remove sandbox storage", "id", rec.ID, "err", err)
 	}
 	m.db.DeleteSandbox(ctx, rec.ID)
-	m.freeSlot(rec.UIDBase)
+	m.net.free(slotOf(rec.UIDBase))
 }
 
 // teardownAsync runs teardown off the request path.
@@ -1292,20 +1019,12 @@ func (m *Manager) teardownAsync(rec *record, b isolate.Box) {
 // stopIdle stops running sandboxes idle past their idle timeout. A
 // sandbox's clock starts when it starts; an exec in flight keeps it busy.
 func (m *Manager) stopIdle(now time.Time) {
-	m.mu.Lock()
-	var ids []string
-	for id := range m.boxes {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
-	for _, id := range ids {
+	for id := range m.running() {
 		rec, err := m.get(context.Background(), id)
 		if err != nil || rec.IdleTimeout <= 0 || rec.State != api.StateRunning {
 			continue
 		}
-		m.mu.Lock()
-		last, busy := m.seen[id], m.busy[id] > 0
-		m.mu.Unlock()
+		last, busy := m.act.state(id)
 		if last.Before(rec.StartedAt) {
 			last = rec.StartedAt
 		}
@@ -1330,17 +1049,4 @@ func (m *Manager) stopIdle(now time.Time) {
 
 // hold marks a sandbox busy for the life of a long request (an exec, a
 // followed log) so the idle timeout does not stop it underneath.
-func (m *Manager) hold(id string) func() {
-	m.mu.Lock()
-	m.busy[id]++
-	m.mu.Unlock()
-	return func() {
-		m.mu.Lock()
-		m.busy[id]--
-		if m.busy[id] <= 0 {
-			delete(m.busy, id)
-		}
-		m.seen[id] = time.Now()
-		m.mu.Unlock()
-	}
-}
+func (m *Manager) hold(id string) func() { return m.act.hold(id) }

@@ -20,11 +20,6 @@ import (
 // (forks, den create --from, den restore) boot through the tier's Restore,
 // which gives each its own hostname and address.
 
-// memoryDir keeps a snapshot's saved processes and memory.
-func (m *Manager) memoryDir(snapID string) string {
-	return filepath.Join(m.cfg.DataDir, "memory", snapID)
-}
-
 // checkpointer is rec's tier as a Checkpointer, or an unsupported error
 // naming the tier.
 func (m *Manager) checkpointer(rec *record) (isolate.Checkpointer, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/internal/agent"
@@ -55,6 +56,95 @@ func toPolicy(p api.NetworkPolicy) (egress.Policy, error) {
 	return out, nil
 }
 
+// netTable is which sandbox holds each id-range slot (its host uid range,
+// and its bridge address where it is networked) and the egress policy,
+// secrets expanded, of each networked sandbox: what the egress proxy and
+// DNS look up for every connection and query (SandboxForAddr).
+type netTable struct {
+	// mu guards slots and pol; lookup reads both in one hold, so a
+	// connection never pairs a slot's new sandbox with the old one's policy.
+	mu    sync.Mutex
+	slots map[int]string           // slot → sandbox id
+	pol   map[string]egress.Policy // sandbox id → its policy (networked ones only)
+}
+
+// alloc gives id the lowest free slot of maxSlots.
+func (t *netTable) alloc(id string) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := 0; i < maxSlots; i++ {
+		if _, used := t.slots[i]; !used {
+			t.setSlotLocked(i, id)
+			return i, nil
+		}
+	}
+	return 0, api.Errorf(api.KindConflict, "all %d id ranges are in use: remove sandboxes", maxSlots)
+}
+
+// take records that id holds slot (a sandbox found at start-up).
+func (t *netTable) take(slot int, id string) {
+	t.mu.Lock()
+	t.setSlotLocked(slot, id)
+	t.mu.Unlock()
+}
+
+func (t *netTable) setSlotLocked(slot int, id string) {
+	if t.slots == nil {
+		t.slots = map[int]string{}
+	}
+	t.slots[slot] = id
+}
+
+// free gives slot back.
+func (t *netTable) free(slot int) {
+	t.mu.Lock()
+	delete(t.slots, slot)
+	t.mu.Unlock()
+}
+
+// setPolicy makes pol id's policy; drop forgets it (id is not networked).
+func (t *netTable) setPolicy(id string, pol egress.Policy) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pol == nil {
+		t.pol = map[string]egress.Policy{}
+	}
+	t.pol[id] = pol
+}
+
+func (t *netTable) drop(id string) {
+	t.mu.Lock()
+	delete(t.pol, id)
+	t.mu.Unlock()
+}
+
+// lookup is the sandbox holding slot and its policy; ok is false when no
+// sandbox holds it or that sandbox is not networked.
+func (t *netTable) lookup(slot int) (id string, pol egress.Policy, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok = t.slots[slot]
+	if !ok {
+		return "", egress.Policy{}, false
+	}
+	pol, ok = t.pol[id]
+	return id, pol, ok
+}
+
+// networkedIDs are the sandboxes with a policy.
+func (t *netTable) networkedIDs() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ids := make([]string, 0, len(t.pol))
+	for id := range t.pol {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// slotOf is the id-range slot of a sandbox whose uids start at uidBase.
+func slotOf(uidBase int) int { return (uidBase - uidStart) / 65536 }
+
 func networked(p api.NetworkPolicy) bool { return p.Mode == api.NetAllow || p.Mode == api.NetOpen }
 
 // SandboxForAddr is the egress servers' view of who is connecting: the
@@ -67,14 +157,7 @@ func (m *Manager) SandboxForAddr(src netip.Addr) (string, egress.Policy, bool) {
 	if !ok {
 		return "", egress.Policy{}, false
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	id, ok := m.slots[slot]
-	if !ok {
-		return "", egress.Policy{}, false
-	}
-	p, ok := m.netpol[id]
-	return id, p, ok
+	return m.net.lookup(slot)
 }
 
 // NetEvent records one egress event in the event log.
@@ -103,13 +186,11 @@ func (m *Manager) policyFor(ctx context.Context, owner string, p api.NetworkPoli
 
 func (m *Manager) setNetPolicy(id, owner string, p api.NetworkPolicy) {
 	pol, err := m.policyFor(context.Background(), owner, p)
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if err != nil || !networked(p) {
-		delete(m.netpol, id)
+		m.net.drop(id)
 		return
 	}
-	m.netpol[id] = pol
+	m.net.setPolicy(id, pol)
 }
 
 // proxyEnv is the environment that points proxy-aware tools at den.

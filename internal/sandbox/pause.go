@@ -162,9 +162,7 @@ func (m *Manager) resumeLocked(ctx context.Context, rec *record) error {
 	default:
 		return nil
 	}
-	m.mu.Lock()
-	m.seen[rec.ID] = time.Now()
-	m.mu.Unlock()
+	m.act.touch(rec.ID, time.Now())
 	m.event(rec.ID, "sandbox.resume", map[string]any{"resumed": rec.Resumed, "ms": msSince(start)})
 	return nil
 }
@@ -187,9 +185,7 @@ func (m *Manager) SleepingProcesses(ctx context.Context, id string) (list []api.
 	if rec.State != api.StatePaused && !(rec.State == api.StateHibernated && rec.Checkpoint) {
 		return nil, false, nil
 	}
-	m.mu.Lock()
-	c, ok := m.procCache[rec.ID]
-	m.mu.Unlock()
+	c, ok := m.procs.get(rec.ID)
 	if !ok || c.procs == nil {
 		return nil, false, nil
 	}

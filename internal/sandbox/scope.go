@@ -152,14 +152,6 @@ func (s *Scope) capDisk(field string, size *api.Size) error {
 	return nil
 }
 
-// admission serialises, per owner and kind of thing, the count of what an
-// owner has and the recording of a new one, so parallel requests cannot
-// pass a bound together.
-type admission struct {
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
 // A bounded is a kind of thing a scoped token may have a bounded number of.
 type bounded struct {
 	what  string                                                           // plural, for messages: "sandboxes"
@@ -200,28 +192,18 @@ func (m *Manager) admitN(ctx context.Context, b bounded, n int) (done func(), er
 		return func() {}, nil
 	}
 	key := s.Owner + "/" + b.what
-	m.adm.mu.Lock()
-	if m.adm.locks == nil {
-		m.adm.locks = map[string]*sync.Mutex{}
-	}
-	l, ok := m.adm.locks[key]
-	if !ok {
-		l = &sync.Mutex{}
-		m.adm.locks[key] = l
-	}
-	m.adm.mu.Unlock()
-	l.Lock()
+	unlock := m.adm.lock(key)
 	have, err := b.count(m, ctx, s.Owner)
 	if err != nil {
-		l.Unlock()
+		unlock()
 		return nil, err
 	}
 	if max := b.max(s); have+n > max {
-		l.Unlock()
+		unlock()
 		return nil, api.Errorf(api.KindConflict, "quota: this token may have at most %d %s and has %d: %s", max, b.what, have, b.free)
 	}
 	var once sync.Once
-	return func() { once.Do(l.Unlock) }, nil
+	return func() { once.Do(unlock) }, nil
 }
 
 // CountOwned is how many sandboxes owner has, in any state.

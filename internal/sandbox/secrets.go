@@ -138,13 +138,7 @@ func (m *Manager) DeleteSecret(ctx context.Context, name string) error {
 // refreshPolicies re-expands the policies of running networked sandboxes
 // (a secret they use changed).
 func (m *Manager) refreshPolicies(ctx context.Context) {
-	m.mu.Lock()
-	ids := make([]string, 0, len(m.netpol))
-	for id := range m.netpol {
-		ids = append(ids, id)
-	}
-	m.mu.Unlock()
-	for _, id := range ids {
+	for _, id := range m.net.networkedIDs() {
 		if rec, err := m.get(ctx, id); err == nil {
 			m.setNetPolicy(rec.ID, rec.Owner, rec.Network)
 		}

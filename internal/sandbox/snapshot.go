@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,13 +33,29 @@ const kindSnapshot = "snapshot"
 // MaxForks bounds one fork request.
 const MaxForks = 64
 
-func (m *Manager) snapshotsDir() string { return filepath.Join(m.storeRoot(), "snapshots") }
-func (m *Manager) manifestsDir() string { return filepath.Join(m.cfg.DataDir, "manifests") }
-func (m *Manager) snapshotDir(id string) string {
-	return filepath.Join(m.snapshotsDir(), id)
+// snapshotStore is the daemon's snapshots as kept: their records in the
+// store, their trees under the storage root, their checksum manifests and
+// saved memory under DataDir. It has no lock of its own (it keeps no state
+// in memory): the manager serialises changes to one snapshot's record
+// under the lifecycle lock "snapshot:ID". Taking, restoring and forking
+// snapshots are the manager's (they stop, copy and boot sandboxes).
+type snapshotStore struct {
+	trees
+	db      *store.DB
+	dataDir string
+	log     *slog.Logger
 }
-func (m *Manager) manifestPath(id string) string {
-	return filepath.Join(m.manifestsDir(), id+".json")
+
+func (ss *snapshotStore) root() string         { return filepath.Join(ss.storeRoot(), "snapshots") }
+func (ss *snapshotStore) dir(id string) string { return filepath.Join(ss.root(), id) }
+func (ss *snapshotStore) manifestsDir() string { return filepath.Join(ss.dataDir, "manifests") }
+func (ss *snapshotStore) manifestPath(id string) string {
+	return filepath.Join(ss.manifestsDir(), id+".json")
+}
+
+// memoryDir keeps a snapshot's saved processes and memory.
+func (ss *snapshotStore) memoryDir(snapID string) string {
+	return filepath.Join(ss.dataDir, "memory", snapID)
 }
 
 // DiskQuotas reports whether this daemon's storage enforces disk quotas.
@@ -46,62 +63,32 @@ func (m *Manager) DiskQuotas() bool { return m.cfg.Storage.Quotas() }
 
 // SandboxesDir, SnapshotsDir and VolumesDir are where the trees live.
 func (m *Manager) SandboxesDir() string { return m.sandboxesDir() }
-func (m *Manager) SnapshotsDir() string { return m.snapshotsDir() }
+func (m *Manager) SnapshotsDir() string { return m.snaps.root() }
 func (m *Manager) VolumesDir() string   { return m.volumesDir() }
 
 // ImageStore is the manager's image store.
-func (m *Manager) ImageStore() *image.Store { return m.images }
+func (m *Manager) ImageStore() *image.Store { return m.imgs.layers }
 
-// storeRoot is where sandbox, snapshot and volume trees live.
-func (m *Manager) storeRoot() string { return m.cfg.Storage.Root() }
-
-// newTree makes a sandbox's (empty) state directory.
-func (m *Manager) newTree(dir string) error { return m.cfg.Storage.Create(dir) }
-
-// copyTree makes dst a copy of src (cheap on btrfs).
-func (m *Manager) copyTree(src, dst string, readonly bool) error {
-	return m.cfg.Storage.Snapshot(src, dst, readonly)
-}
-
-// deleteTree removes a state directory or snapshot. Idempotent.
-func (m *Manager) deleteTree(dir string) error { return m.cfg.Storage.Delete(dir) }
-
-// setQuota applies a sandbox's disk limit to its state directory.
-func (m *Manager) setQuota(dir string, bytes api.Size) error {
-	if bytes <= 0 {
-		return nil
-	}
-	if !m.cfg.Storage.Quotas() {
-		return api.Errorf(api.KindUnsupported, "disk quotas need den's managed filesystem (btrfs), which this daemon does not have: see den info")
-	}
-	return m.cfg.Storage.SetQuota(dir, int64(bytes))
-}
-
-// diskUsed is the bytes a tree holds.
-func (m *Manager) diskUsed(dir string) int64 {
-	if n, err := m.cfg.Storage.Usage(dir); err == nil {
-		return n
-	}
-	return dirSize(dir)
-}
-
-func (m *Manager) putSnapshot(ctx context.Context, s *api.Snapshot) error {
+// put records s.
+func (ss *snapshotStore) put(ctx context.Context, s *api.Snapshot) error {
 	doc, err := json.Marshal(s)
 	if err != nil {
 		return err
 	}
-	err = m.db.PutObject(ctx, &store.Object{Kind: kindSnapshot, ID: s.ID, Name: s.Name, Owner: s.Sandbox, CreatedAt: s.CreatedAt, Doc: doc})
+	err = ss.db.PutObject(ctx, &store.Object{Kind: kindSnapshot, ID: s.ID, Name: s.Name, Owner: s.Sandbox, CreatedAt: s.CreatedAt, Doc: doc})
 	if errors.Is(err, store.ErrExists) {
 		return api.Errorf(api.KindExists, "a snapshot named %q already exists", s.Name)
 	}
 	return err
 }
 
-func (m *Manager) getSnapshot(ctx context.Context, idOrName string) (*api.Snapshot, error) {
+// get finds a snapshot by id, unique id prefix or name among those the
+// request's scope sees.
+func (ss *snapshotStore) get(ctx context.Context, idOrName string) (*api.Snapshot, error) {
 	if idOrName == "" {
 		return nil, api.FieldError("snapshot", "missing snapshot id or name")
 	}
-	o, err := m.db.GetObject(ctx, kindSnapshot, idOrName)
+	o, err := ss.db.GetObject(ctx, kindSnapshot, idOrName)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, api.Errorf(api.KindNotFound, "no snapshot %q", idOrName)
@@ -130,7 +117,13 @@ func (m *Manager) Snapshots(ctx context.Context, sandbox string) ([]*api.Snapsho
 		}
 		owner = rec.ID
 	}
-	objs, err := m.db.ListObjects(ctx, kindSnapshot, owner)
+	return m.snaps.list(ctx, owner)
+}
+
+// list is the snapshots the request's scope sees, of sandbox only when it
+// is not empty.
+func (ss *snapshotStore) list(ctx context.Context, sandbox string) ([]*api.Snapshot, error) {
+	objs, err := ss.db.ListObjects(ctx, kindSnapshot, sandbox)
 	if err != nil {
 		return nil, err
 	}
@@ -147,26 +140,35 @@ func (m *Manager) Snapshots(ctx context.Context, sandbox string) ([]*api.Snapsho
 
 // GetSnapshot returns one snapshot.
 func (m *Manager) GetSnapshot(ctx context.Context, idOrName string) (*api.Snapshot, error) {
-	return m.getSnapshot(ctx, idOrName)
+	return m.snaps.get(ctx, idOrName)
 }
 
 // RemoveSnapshot deletes a snapshot. Sandboxes made from it keep their files.
 func (m *Manager) RemoveSnapshot(ctx context.Context, idOrName string) error {
-	s, err := m.getSnapshot(ctx, idOrName)
+	s, err := m.snaps.get(ctx, idOrName)
 	if err != nil {
 		return err
 	}
 	unlock := m.lock("snapshot:" + s.ID)
 	defer unlock()
-	if err := m.db.DeleteObject(ctx, kindSnapshot, s.ID); err != nil {
+	if err := m.snaps.remove(ctx, s.ID); err != nil {
 		return err
 	}
-	os.Remove(m.manifestPath(s.ID))
-	storage.RemoveTree(m.memoryDir(s.ID))
-	if err := m.deleteTree(m.snapshotDir(s.ID)); err != nil {
-		m.log.Warn("remove snapshot files", "id", s.ID, "err", err)
-	}
 	m.event(s.Sandbox, "snapshot.remove", map[string]any{"snapshot": s.ID})
+	return nil
+}
+
+// remove deletes snapshot id's record, then its manifest, saved memory
+// and tree. Call with the snapshot locked.
+func (ss *snapshotStore) remove(ctx context.Context, id string) error {
+	if err := ss.db.DeleteObject(ctx, kindSnapshot, id); err != nil {
+		return err
+	}
+	os.Remove(ss.manifestPath(id))
+	storage.RemoveTree(ss.memoryDir(id))
+	if err := ss.deleteTree(ss.dir(id)); err != nil {
+		ss.log.Warn("remove snapshot files", "id", id, "err", err)
+	}
 	return nil
 }
 
@@ -251,16 +253,16 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 		ID: newID(), Name: req.Name, Sandbox: rec.ID, Owner: rec.Owner, Image: rec.Image, CreatedAt: time.Now().UTC(),
 		Runtime: rec.Runtime, Env: rec.Env, Workdir: rec.Workdir, User: rec.User, Limits: rec.Limits, Network: rec.Network,
 	}
-	if err := os.MkdirAll(m.snapshotsDir(), 0o700); err != nil {
+	if err := os.MkdirAll(m.snaps.root(), 0o700); err != nil {
 		return nil, err
 	}
 	if err := m.canonical(rec, nil); err != nil {
 		return nil, err
 	}
-	dir := m.snapshotDir(snap.ID)
+	dir := m.snaps.dir(snap.ID)
 	start := time.Now()
 	capture := func() error { return m.copyTree(filepath.Join(m.sandboxesDir(), rec.ID), dir, true) }
-	mem := m.memoryDir(snap.ID)
+	mem := m.snaps.memoryDir(snap.ID)
 	if req.Memory {
 		err = m.withCheckpoint(ctx, rec, mem, capture)
 		snap.Paused, snap.Memory = true, true
@@ -277,7 +279,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 	if snap.Memory {
 		snap.MemorySize = api.Size(dirSize(mem))
 	}
-	if err := m.putSnapshot(ctx, snap); err != nil {
+	if err := m.snaps.put(ctx, snap); err != nil {
 		m.deleteTree(dir)
 		storage.RemoveTree(mem)
 		return nil, err
@@ -319,12 +321,12 @@ func setCachedHashes(sandbox string, c storage.HashCache) {
 // manifestRoot is the tree a snapshot's manifest covers: its overlay
 // upper directories, or all of it when it has none (a microVM's files are
 // one disk image).
-func (m *Manager) manifestRoot(id string) string {
-	upper := filepath.Join(m.snapshotDir(id), "upper")
+func (ss *snapshotStore) manifestRoot(id string) string {
+	upper := filepath.Join(ss.dir(id), "upper")
 	if _, err := os.Lstat(upper); err == nil {
 		return upper
 	}
-	return m.snapshotDir(id)
+	return ss.dir(id)
 }
 
 // sealAsync computes a snapshot's checksum manifest in the background.
@@ -346,11 +348,11 @@ func (m *Manager) sealAsync(id string) {
 func (m *Manager) seal(ctx context.Context, id string) error {
 	sealMu.Lock()
 	defer sealMu.Unlock()
-	s, err := m.getSnapshot(ctx, id)
+	s, err := m.snaps.get(ctx, id)
 	if err != nil {
 		return nil // removed meanwhile
 	}
-	man, cache, err := storage.BuildManifestCached(ctx, m.manifestRoot(id), cachedHashes(s.Sandbox))
+	man, cache, err := storage.BuildManifestCached(ctx, m.snaps.manifestRoot(id), cachedHashes(s.Sandbox))
 	if err != nil {
 		return err
 	}
@@ -361,27 +363,27 @@ func (m *Manager) seal(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(m.manifestsDir(), 0o700); err != nil {
+	if err := os.MkdirAll(m.snaps.manifestsDir(), 0o700); err != nil {
 		return err
 	}
-	tmp := m.manifestPath(id) + ".tmp"
+	tmp := m.snaps.manifestPath(id) + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, m.manifestPath(id)); err != nil {
+	if err := os.Rename(tmp, m.snaps.manifestPath(id)); err != nil {
 		return err
 	}
 	unlock := m.lock("snapshot:" + id)
 	defer unlock()
-	if s, err = m.getSnapshot(ctx, id); err != nil {
+	if s, err = m.snaps.get(ctx, id); err != nil {
 		return nil // removed meanwhile
 	}
 	s.Digest, s.Files = man.Digest, len(man.Entries)
-	return m.putSnapshot(ctx, s)
+	return m.snaps.put(ctx, s)
 }
 
 // verified waits for a snapshot's manifest and checks its files against it.
-func (m *Manager) verified(ctx context.Context, s *api.Snapshot) error {
+func (ss *snapshotStore) verified(ctx context.Context, s *api.Snapshot) error {
 	if ch, ok := sealing.Load(s.ID); ok {
 		select {
 		case <-ch.(chan struct{}):
@@ -389,7 +391,7 @@ func (m *Manager) verified(ctx context.Context, s *api.Snapshot) error {
 			return ctx.Err()
 		}
 	}
-	b, err := os.ReadFile(m.manifestPath(s.ID))
+	b, err := os.ReadFile(ss.manifestPath(s.ID))
 	if err != nil {
 		return api.Errorf(api.KindConflict, "snapshot %s has no checksum manifest yet (%v): try again shortly", s.ID[:12], err)
 	}
@@ -400,7 +402,7 @@ func (m *Manager) verified(ctx context.Context, s *api.Snapshot) error {
 	if s.Digest != "" && man.Digest != s.Digest {
 		return api.Errorf(api.KindConflict, "snapshot %s: manifest digest %s does not match the recorded %s", s.ID[:12], man.Digest, s.Digest)
 	}
-	if err := man.Verify(ctx, m.manifestRoot(s.ID)); err != nil {
+	if err := man.Verify(ctx, ss.manifestRoot(s.ID)); err != nil {
 		return api.Errorf(api.KindConflict, "snapshot %s failed verification: %v", s.ID[:12], err)
 	}
 	return nil
@@ -410,7 +412,7 @@ func (m *Manager) verified(ctx context.Context, s *api.Snapshot) error {
 // processes are stopped, its files replaced, and it is started again if it
 // was running.
 func (m *Manager) Restore(ctx context.Context, id string, req api.RestoreRequest) (*api.Sandbox, error) {
-	snap, err := m.getSnapshot(ctx, req.Snapshot)
+	snap, err := m.snaps.get(ctx, req.Snapshot)
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +423,7 @@ func (m *Manager) Restore(ctx context.Context, id string, req api.RestoreRequest
 	if snap.Image != rec.Image {
 		return nil, api.Errorf(api.KindConflict, "snapshot %s is of image %q and sandbox %s runs %q: create a new sandbox with den create --from %s", snap.ID[:12], snap.Image, rec.ID[:12], rec.Image, snap.ID[:12])
 	}
-	if err := m.verified(ctx, snap); err != nil {
+	if err := m.snaps.verified(ctx, snap); err != nil {
 		return nil, err
 	}
 	unlock := m.lock(rec.ID)
@@ -436,12 +438,12 @@ func (m *Manager) Restore(ctx context.Context, id string, req api.RestoreRequest
 		}
 	}
 	dir := filepath.Join(m.sandboxesDir(), rec.ID)
-	if err := m.replaceTree(dir, m.snapshotDir(snap.ID), rec.Limits.Disk); err != nil {
+	if err := m.replaceTree(dir, m.snaps.dir(snap.ID), rec.Limits.Disk); err != nil {
 		return nil, err
 	}
 	m.event(rec.ID, "snapshot.restore", map[string]any{"snapshot": snap.ID, "memory": snap.Memory})
 	// A snapshot with memory brings its processes back, running.
-	if snap.Memory && m.memoryUsable(rec, snap) && m.restoreFrom(ctx, rec, m.memoryDir(snap.ID)) {
+	if snap.Memory && m.memoryUsable(rec, snap) && m.restoreFrom(ctx, rec, m.snaps.memoryDir(snap.ID)) {
 		return &rec.Sandbox, nil
 	}
 	if wasUp {
@@ -523,12 +525,12 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 	release := func() {
 		for _, r := range recs {
 			m.deleteTree(filepath.Join(m.sandboxesDir(), r.ID))
-			m.freeSlot(r.UIDBase)
+			m.net.free(slotOf(r.UIDBase))
 		}
 	}
 	for i := 0; i < req.Count; i++ {
 		nid := newID()
-		slot, err := m.allocSlot(nid)
+		slot, err := m.net.alloc(nid)
 		if err != nil {
 			unlock()
 			release()
@@ -638,7 +640,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) ([]*
 				m.Remove(context.Background(), r.ID, true)
 			} else {
 				m.deleteTree(filepath.Join(m.sandboxesDir(), r.ID))
-				m.freeSlot(r.UIDBase)
+				m.net.free(slotOf(r.UIDBase))
 			}
 		}
 		return nil, err
@@ -679,7 +681,7 @@ func (m *Manager) createFrom(ctx context.Context, rec *record, mem string) error
 // fromSnapshot fills a create request's unset fields from a snapshot and
 // returns the snapshot.
 func (m *Manager) fromSnapshot(ctx context.Context, req *api.CreateRequest) (*api.Snapshot, error) {
-	snap, err := m.getSnapshot(ctx, req.From)
+	snap, err := m.snaps.get(ctx, req.From)
 	if err != nil {
 		return nil, err
 	}
@@ -706,7 +708,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, req *api.CreateRequest) (*ap
 		n := snap.Network
 		req.Network = &n
 	}
-	if err := m.verified(ctx, snap); err != nil {
+	if err := m.snaps.verified(ctx, snap); err != nil {
 		return nil, err
 	}
 	return snap, nil
@@ -722,23 +724,23 @@ func (m *Manager) recoverSnapshots(ctx context.Context) {
 	known := map[string]bool{}
 	for _, o := range objs {
 		known[o.ID] = true
-		if _, err := os.Stat(m.manifestPath(o.ID)); err != nil {
+		if _, err := os.Stat(m.snaps.manifestPath(o.ID)); err != nil {
 			m.sealAsync(o.ID)
 		}
 	}
-	ents, _ := os.ReadDir(m.snapshotsDir())
+	ents, _ := os.ReadDir(m.snaps.root())
 	for _, e := range ents {
 		if !known[e.Name()] {
-			err := m.deleteTree(filepath.Join(m.snapshotsDir(), e.Name()))
+			err := m.deleteTree(filepath.Join(m.snaps.root(), e.Name()))
 			m.log.Warn("removed the files of a snapshot without a record (a capture cut short)", "snapshot", e.Name(), "err", err)
 			m.event("", "snapshot.interrupted", map[string]any{"snapshot": e.Name(), "cleaned": []string{"files"}, "error": errString(err)})
 		}
 	}
 	// Saved memory of a snapshot never recorded, or of a fork cut short.
-	ents, _ = os.ReadDir(filepath.Dir(m.memoryDir("x")))
+	ents, _ = os.ReadDir(filepath.Dir(m.snaps.memoryDir("x")))
 	for _, e := range ents {
 		if !known[e.Name()] {
-			storage.RemoveTree(m.memoryDir(e.Name()))
+			storage.RemoveTree(m.snaps.memoryDir(e.Name()))
 		}
 	}
 	// A restore cut short: finish or undo the swap.

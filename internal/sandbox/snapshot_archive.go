@@ -36,7 +36,7 @@ type archiveMeta struct {
 
 // SaveSnapshot writes a snapshot archive to w.
 func (m *Manager) SaveSnapshot(ctx context.Context, idOrName string, w io.Writer) error {
-	s, err := m.getSnapshot(ctx, idOrName)
+	s, err := m.snaps.get(ctx, idOrName)
 	if err != nil {
 		return err
 	}
@@ -47,10 +47,10 @@ func (m *Manager) SaveSnapshot(ctx context.Context, idOrName string, w io.Writer
 	if img.Name != HostImage && img.Base == HostImage {
 		return api.Errorf(api.KindUnsupported, "image %q is built on this host's own files and cannot leave it; snapshots of the host image itself can", img.Name)
 	}
-	if err := m.verified(ctx, s); err != nil {
+	if err := m.snaps.verified(ctx, s); err != nil {
 		return err
 	}
-	man, err := os.ReadFile(m.manifestPath(s.ID))
+	man, err := os.ReadFile(m.snaps.manifestPath(s.ID))
 	if err != nil {
 		return err
 	}
@@ -75,12 +75,12 @@ func (m *Manager) SaveSnapshot(ctx context.Context, idOrName string, w io.Writer
 			return fmt.Errorf("save the image: %w", err)
 		}
 	}
-	ents, err := os.ReadDir(filepath.Join(m.snapshotDir(s.ID), "upper"))
+	ents, err := os.ReadDir(filepath.Join(m.snaps.dir(s.ID), "upper"))
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
-		dir := filepath.Join(m.snapshotDir(s.ID), "upper", e.Name())
+		dir := filepath.Join(m.snaps.dir(s.ID), "upper", e.Name())
 		err := tarSpooled(tw, filepath.Join(tmp, "layer.tar"), "upper/"+e.Name()+".tar", func(f io.Writer) error {
 			return image.WriteTree(ctx, f, dir)
 		})
@@ -199,10 +199,10 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 	}
 	defer admitted()
 	newID := newID()
-	if err := os.MkdirAll(m.snapshotsDir(), 0o700); err != nil {
+	if err := os.MkdirAll(m.snaps.root(), 0o700); err != nil {
 		return nil, err
 	}
-	work := filepath.Join(m.snapshotsDir(), newID+".load")
+	work := filepath.Join(m.snaps.root(), newID+".load")
 	if err := m.newTree(work); err != nil {
 		return nil, err
 	}
@@ -241,7 +241,7 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 			if err := os.Mkdir(dir, 0o755); err != nil {
 				return nil, bad("layer %s twice", name)
 			}
-			if err := m.images.UnpackTree(ctx, tr, dir, maxLoadLayerBytes); err != nil {
+			if err := m.imgs.layers.UnpackTree(ctx, tr, dir, maxLoadLayerBytes); err != nil {
 				return nil, bad("layer %s: %v", name, err)
 			}
 		default:
@@ -268,12 +268,12 @@ func (m *Manager) LoadSnapshot(ctx context.Context, r io.Reader) (*api.Snapshot,
 	snap.ID, snap.CreatedAt, snap.Digest, snap.Files = newID, time.Now().UTC(), "", 0
 	// An archive carries files only, never saved memory.
 	snap.Memory, snap.MemorySize = false, 0
-	if err := m.copyTree(work, m.snapshotDir(newID), true); err != nil {
+	if err := m.copyTree(work, m.snaps.dir(newID), true); err != nil {
 		return nil, err
 	}
-	snap.Size = api.Size(m.diskUsed(m.snapshotDir(newID)))
-	if err := m.putSnapshot(ctx, &snap); err != nil {
-		m.deleteTree(m.snapshotDir(newID))
+	snap.Size = api.Size(m.diskUsed(m.snaps.dir(newID)))
+	if err := m.snaps.put(ctx, &snap); err != nil {
+		m.deleteTree(m.snaps.dir(newID))
 		return nil, err
 	}
 	m.event(snap.Sandbox, "snapshot.load", map[string]any{"snapshot": snap.ID})

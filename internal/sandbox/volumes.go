@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -28,8 +29,20 @@ const kindVolume = "volume"
 // MaxMounts bounds the volumes plus bind mounts of one sandbox.
 const MaxMounts = 32
 
-func (m *Manager) volumesDir() string           { return filepath.Join(m.storeRoot(), "volumes") }
-func (m *Manager) volumeDir(name string) string { return filepath.Join(m.volumesDir(), name) }
+// volumeStore is the daemon's volumes: their records in the store and
+// their trees under the storage root. It has no lock of its own (it keeps
+// no state in memory): the manager serialises a volume's create and
+// remove under the lifecycle lock "volume:NAME".
+type volumeStore struct {
+	trees
+	db  *store.DB
+	log *slog.Logger
+}
+
+func (v *volumeStore) root() string           { return filepath.Join(v.storeRoot(), "volumes") }
+func (v *volumeStore) dir(name string) string { return filepath.Join(v.root(), name) }
+
+func (m *Manager) volumesDir() string { return m.vols.root() }
 
 // CreateVolume makes a volume.
 func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (*api.Volume, error) {
@@ -58,53 +71,64 @@ func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (*api
 	defer admitted()
 	unlock := m.lock("volume:" + req.Name)
 	defer unlock()
-	if _, err := m.db.GetObject(ctx, kindVolume, req.Name); err == nil {
-		return nil, api.Errorf(api.KindExists, "a volume named %q already exists", req.Name)
-	}
-	if err := os.MkdirAll(m.volumesDir(), 0o700); err != nil {
-		return nil, err
-	}
-	dir := m.volumeDir(req.Name)
-	m.deleteTree(dir) // a volume whose record a crash lost
-	if err := m.newTree(dir); err != nil {
-		return nil, fmt.Errorf("create volume: %w", err)
-	}
-	os.Chmod(dir, 0o755)
-	if err := m.setQuota(dir, req.Size); err != nil {
-		m.deleteTree(dir)
-		return nil, err
-	}
-	v := &api.Volume{Name: req.Name, Size: req.Size, CreatedAt: time.Now().UTC(), Owner: ScopeFrom(ctx).owner()}
-	doc, _ := json.Marshal(v)
-	if err := m.db.PutObject(ctx, &store.Object{Kind: kindVolume, ID: v.Name, Name: v.Name, Owner: v.Owner, CreatedAt: v.CreatedAt, Doc: doc}); err != nil {
-		m.deleteTree(dir)
+	v, err := m.vols.create(ctx, req.Name, req.Size, ScopeFrom(ctx).owner())
+	if err != nil {
 		return nil, err
 	}
 	m.event("", "volume.create", map[string]any{"volume": v.Name, "size": v.Size})
 	return v, nil
 }
 
-// getVolume finds a volume the request's scope sees.
-func (m *Manager) getVolume(ctx context.Context, name string) (*api.Volume, error) {
-	return m.getVolumeAs(ctx, ScopeFrom(ctx), name)
+// create makes volume name's tree, with a quota of size, and records it.
+// Call with the volume locked.
+func (v *volumeStore) create(ctx context.Context, name string, size api.Size, owner string) (*api.Volume, error) {
+	if _, err := v.db.GetObject(ctx, kindVolume, name); err == nil {
+		return nil, api.Errorf(api.KindExists, "a volume named %q already exists", name)
+	}
+	if err := os.MkdirAll(v.root(), 0o700); err != nil {
+		return nil, err
+	}
+	dir := v.dir(name)
+	v.deleteTree(dir) // a volume whose record a crash lost
+	if err := v.newTree(dir); err != nil {
+		return nil, fmt.Errorf("create volume: %w", err)
+	}
+	os.Chmod(dir, 0o755)
+	if err := v.setQuota(dir, size); err != nil {
+		v.deleteTree(dir)
+		return nil, err
+	}
+	vol := &api.Volume{Name: name, Size: size, CreatedAt: time.Now().UTC(), Owner: owner}
+	doc, _ := json.Marshal(vol)
+	if err := v.db.PutObject(ctx, &store.Object{Kind: kindVolume, ID: vol.Name, Name: vol.Name, Owner: vol.Owner, CreatedAt: vol.CreatedAt, Doc: doc}); err != nil {
+		v.deleteTree(dir)
+		return nil, err
+	}
+	return vol, nil
 }
 
-func (m *Manager) getVolumeAs(ctx context.Context, sc *Scope, name string) (*api.Volume, error) {
-	o, err := m.db.GetObject(ctx, kindVolume, name)
+// getVolume finds a volume the request's scope sees.
+func (m *Manager) getVolume(ctx context.Context, name string) (*api.Volume, error) {
+	return m.vols.get(ctx, ScopeFrom(ctx), name)
+}
+
+// get finds a volume sc sees (nil: the daemon, which sees all).
+func (v *volumeStore) get(ctx context.Context, sc *Scope, name string) (*api.Volume, error) {
+	o, err := v.db.GetObject(ctx, kindVolume, name)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && o.ID != name) {
 		return nil, api.Errorf(api.KindNotFound, "no volume %q: create it with den volume create %s", name, name)
 	}
 	if err != nil {
 		return nil, err
 	}
-	var v api.Volume
-	if err := json.Unmarshal(o.Doc, &v); err != nil {
+	var vol api.Volume
+	if err := json.Unmarshal(o.Doc, &vol); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", name, err)
 	}
-	if !sc.seesOwned(v.Owner, "") {
+	if !sc.seesOwned(vol.Owner, "") {
 		return nil, api.Errorf(api.KindNotFound, "no volume %q: create it with den volume create %s", name, name)
 	}
-	return &v, nil
+	return &vol, nil
 }
 
 // volumeUsers maps each volume name to the sandboxes that mount it (of
@@ -139,13 +163,13 @@ func (m *Manager) GetVolume(ctx context.Context, name string) (*api.Volume, erro
 		return nil, err
 	}
 	v.UsedBy = users[v.Name]
-	v.Used = api.Size(m.diskUsed(m.volumeDir(v.Name)))
+	v.Used = api.Size(m.diskUsed(m.vols.dir(v.Name)))
 	return v, nil
 }
 
 // Volumes lists every volume.
 func (m *Manager) Volumes(ctx context.Context) ([]*api.Volume, error) {
-	objs, err := m.db.ListObjects(ctx, kindVolume, "")
+	out, err := m.vols.list(ctx, ScopeFrom(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -153,16 +177,26 @@ func (m *Manager) Volumes(ctx context.Context) ([]*api.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, v := range out {
+		v.UsedBy = users[v.Name]
+	}
+	return out, nil
+}
+
+// list is the volumes sc sees, with their disk use.
+func (v *volumeStore) list(ctx context.Context, sc *Scope) ([]*api.Volume, error) {
+	objs, err := v.db.ListObjects(ctx, kindVolume, "")
+	if err != nil {
+		return nil, err
+	}
 	out := []*api.Volume{}
-	sc := ScopeFrom(ctx)
 	for _, o := range objs {
-		var v api.Volume
-		if json.Unmarshal(o.Doc, &v) != nil || !sc.seesOwned(v.Owner, "") {
+		var vol api.Volume
+		if json.Unmarshal(o.Doc, &vol) != nil || !sc.seesOwned(vol.Owner, "") {
 			continue
 		}
-		v.UsedBy = users[v.Name]
-		v.Used = api.Size(m.diskUsed(m.volumeDir(v.Name)))
-		out = append(out, &v)
+		vol.Used = api.Size(v.diskUsed(v.dir(vol.Name)))
+		out = append(out, &vol)
 	}
 	return out, nil
 }
@@ -183,13 +217,22 @@ func (m *Manager) RemoveVolume(ctx context.Context, name string) error {
 	if u := users[v.Name]; len(u) > 0 {
 		return api.Errorf(api.KindConflict, "volume %q is used by sandbox %s: remove the sandboxes that mount it first", v.Name, short(u[0]))
 	}
-	if err := m.db.DeleteObject(ctx, kindVolume, v.Name); err != nil {
+	if err := m.vols.remove(ctx, v.Name); err != nil {
 		return err
 	}
-	if err := m.deleteTree(m.volumeDir(v.Name)); err != nil {
-		m.log.Warn("remove volume files", "volume", v.Name, "err", err)
-	}
 	m.event("", "volume.remove", map[string]any{"volume": v.Name})
+	return nil
+}
+
+// remove deletes volume name's record, then its tree. Call with the
+// volume locked.
+func (v *volumeStore) remove(ctx context.Context, name string) error {
+	if err := v.db.DeleteObject(ctx, kindVolume, name); err != nil {
+		return err
+	}
+	if err := v.deleteTree(v.dir(name)); err != nil {
+		v.log.Warn("remove volume files", "volume", name, "err", err)
+	}
 	return nil
 }
 
@@ -288,10 +331,10 @@ func (m *Manager) mounts(ctx context.Context, rec *record) ([]isolate.Mount, err
 	for _, v := range rec.Volumes {
 		// Checked against the creator's scope at create; whoever boots
 		// the sandbox later (a request narrowed to it) need not see it.
-		if _, err := m.getVolumeAs(ctx, nil, v.Name); err != nil {
+		if _, err := m.vols.get(ctx, nil, v.Name); err != nil {
 			return nil, err
 		}
-		out = append(out, isolate.Mount{Source: m.volumeDir(v.Name), Target: v.Path, ReadOnly: v.ReadOnly, IDMapped: true})
+		out = append(out, isolate.Mount{Source: m.vols.dir(v.Name), Target: v.Path, ReadOnly: v.ReadOnly, IDMapped: true})
 	}
 	for _, b := range rec.Mounts {
 		src, err := m.allowedSource(b.Source)
