@@ -2,9 +2,16 @@ package microvm
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/netip"
 	"os"
@@ -736,5 +743,166 @@ func TestPortsOutOfReach(t *testing.T) {
 				t.Errorf("as %s a command reaches a virtio-serial port: %s", user, l)
 			}
 		}
+	}
+}
+
+// The guest's wall clock follows the host's: at boot (1970 before den
+// set it), after a pause (the guest's clock stood still meanwhile) and
+// after a restore made later than its checkpoint (the saved memory holds
+// the checkpoint's time). A certificate made on the host just before
+// verifies inside, as TLS needs.
+func TestClock(t *testing.T) {
+	rt := newRuntime(t, nil)
+	ctx := context.Background()
+	spec := testSpec(t, "clock")
+	spec.Layers = append(spec.Layers, isolate.Overlay{Target: "/opt", Lowers: []string{certCheckLayer(t)}, Name: "opt"})
+	defer rt.Destroy(ctx, spec)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkClock(t, b, "after boot")
+	// The kernel read it from the RTC at boot too.
+	before := time.Now().Unix()
+	rtc := strings.TrimSpace(mustSh(t, b, "cat /sys/class/rtc/rtc0/since_epoch 2>&1"))
+	if v, err := strconv.ParseInt(rtc, 10, 64); err != nil || v < before-2 || v > time.Now().Unix()+2 {
+		t.Errorf("the guest's RTC reads %q, the host's clock %d", rtc, before)
+	}
+	checkCert(t, b, time.Now().Add(-time.Minute), "a certificate issued a minute ago, after boot")
+
+	if err := b.(*box).Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if err := b.(*box).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkClock(t, b, "after a 5 s pause")
+
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := rt.Checkpoint(ctx, b, dir, false); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	taken := time.Now()
+	time.Sleep(5 * time.Second)
+	r, err := rt.Restore(ctx, spec, dir)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	defer r.Stop(ctx)
+	checkClock(t, r, "after a restore 5 s after the checkpoint")
+	checkCert(t, r, taken.Add(3*time.Second), "a certificate issued after the checkpoint, after the restore")
+}
+
+// checkClock checks that the guest's `date +%s` is the host's time,
+// within 2 s either side of the exec.
+func checkClock(t *testing.T, b isolate.Box, when string) {
+	t.Helper()
+	lo := time.Now().Unix()
+	out := strings.TrimSpace(mustSh(t, b, "date +%s"))
+	hi := time.Now().Unix()
+	g, err := strconv.ParseInt(out, 10, 64)
+	if err != nil {
+		t.Fatalf("%s: date +%%s printed %q", when, out)
+	}
+	if g < lo-2 || g > hi+2 {
+		t.Fatalf("%s: the guest's clock reads %s, the host's %s..%s", when,
+			time.Unix(g, 0).UTC().Format(time.RFC3339), time.Unix(lo, 0).UTC().Format(time.RFC3339), time.Unix(hi, 0).UTC().Format(time.RFC3339))
+	}
+	// How far off, finer than date's seconds (a measurement, logged).
+	t0 := time.Now()
+	out = strings.TrimSpace(mustSh(t, b, clockEnv+"=1 /opt/bin/certcheck"))
+	t1 := time.Now()
+	if ns, err := strconv.ParseInt(out, 10, 64); err == nil {
+		mid := t0.Add(t1.Sub(t0) / 2)
+		t.Logf("%s: guest clock - host clock = %v (± %v, the exec's half round trip)", when, time.Unix(0, ns).Sub(mid), t1.Sub(t0)/2)
+	}
+}
+
+// certCheckEnv makes the test binary verify the self-signed certificate
+// at the path it names against the clock and exit: `openssl verify` for a
+// guest image that has no openssl.
+const certCheckEnv = "DEN_TEST_VERIFY_CERT"
+
+// clockEnv makes the test binary print its clock in Unix nanoseconds and
+// exit (busybox's date has no %N).
+const clockEnv = "DEN_TEST_PRINT_CLOCK"
+
+func init() {
+	if os.Getenv(clockEnv) != "" {
+		fmt.Println(time.Now().UnixNano())
+		os.Exit(0)
+	}
+	p := os.Getenv(certCheckEnv)
+	if p == "" {
+		return
+	}
+	raw, err := os.ReadFile(p)
+	if err == nil {
+		blk, _ := pem.Decode(raw)
+		if blk == nil {
+			err = fmt.Errorf("%s: no PEM block", p)
+		} else {
+			var c *x509.Certificate
+			if c, err = x509.ParseCertificate(blk.Bytes); err == nil {
+				roots := x509.NewCertPool()
+				roots.AddCert(c)
+				_, err = c.Verify(x509.VerifyOptions{Roots: roots})
+			}
+		}
+	}
+	if err != nil {
+		fmt.Printf("verify: %v (clock %s)\n", err, time.Now().UTC().Format(time.RFC3339))
+		os.Exit(1)
+	}
+	fmt.Println("OK")
+	os.Exit(0)
+}
+
+// certCheckLayer is a layer for /opt holding this test binary (static),
+// which verifies a certificate when certCheckEnv is set.
+func certCheckLayer(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(testCache, "certcheck-layer")
+	exe, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rewritten only when the binary changed: its erofs image is cached by
+	// the tree's metadata.
+	if have, err := os.ReadFile(filepath.Join(dir, "bin/certcheck")); err == nil && string(have) == string(exe) {
+		return dir
+	}
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/certcheck"), exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// checkCert makes a self-signed certificate valid from notBefore for an
+// hour, and verifies it inside b.
+func checkCert(t *testing.T, b isolate.Box, notBefore time.Time, what string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "den clock test"},
+		NotBefore: notBefore, NotAfter: notBefore.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	out, code := sh(t, b, fmt.Sprintf("printf '%%s' '%s' > /tmp/cert.pem && %s=/tmp/cert.pem /opt/bin/certcheck", p, certCheckEnv))
+	if code != 0 || strings.TrimSpace(out) != "OK" {
+		t.Fatalf("%s (valid from %s): exit %d: %s", what, notBefore.UTC().Format(time.RFC3339), code, out)
 	}
 }
