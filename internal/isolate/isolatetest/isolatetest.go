@@ -168,6 +168,7 @@ func testExec(t *testing.T, h Harness) {
 	if b.Pid() <= 0 {
 		t.Errorf("Pid() = %d, want the host pid of the box's first process", b.Pid())
 	}
+	CheckClock(t, ctx, b, "after boot")
 	res := sh(t, ctx, b, "echo out; echo err >&2; exit 3")
 	if res.Stdout != "out\n" || res.Stderr != "err\n" || res.Exit.ExitCode != 3 {
 		t.Fatalf("stdout %q stderr %q exit %+v; want out, err, 3", res.Stdout, res.Stderr, res.Exit)
@@ -610,6 +611,8 @@ func testCheckpointFork(t *testing.T, h Harness) {
 		t.Fatalf("checkpoint: %v", err)
 	}
 	b.Stop(ctx)
+	// Later than the checkpoint, as for testCheckpoint's clock.
+	time.Sleep(3 * time.Second)
 	// The fork's files are a copy of the source's, as the manager makes.
 	os.RemoveAll(fork.Dir)
 	if out, err := exec.Command("cp", "-a", "--reflink=auto", spec.Dir, fork.Dir).CombinedOutput(); err != nil {
