@@ -86,7 +86,9 @@
 // time between a checkpoint and its restore), so the daemon sends the
 // guest init "time <unix ns>" on den.ctl after every boot, restore,
 // resume and checkpoint that keeps the box running (box.setClock), and
-// the init steps CLOCK_REALTIME to it. A checkpoint records whether its
+// every 10 minutes while it runs (box.keepClock: a guest clock drifts
+// from the host's, which NTP disciplines); the init steps CLOCK_REALTIME
+// to it. A checkpoint records whether its
 // machine had an RTC (vm.json "rtc"): one taken by an older den restores
 // without, as it was saved.
 package microvm

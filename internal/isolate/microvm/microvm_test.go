@@ -794,6 +794,53 @@ func TestClock(t *testing.T) {
 	checkCert(t, r, taken.Add(3*time.Second), "a certificate issued after the checkpoint, after the restore")
 }
 
+// A running guest's clock that went astray is stepped back to the
+// host's: here one set an hour back through the control port (as a
+// guest clock that drifted, only further).
+func TestClockResync(t *testing.T) {
+	rt := newRuntime(t, func(c *Config) { c.clockSync = time.Second })
+	ctx := context.Background()
+	spec := testSpec(t, "clocksync")
+	defer rt.Destroy(ctx, spec)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(ctx)
+	checkClock := func() (guest, host int64) {
+		out := strings.TrimSpace(mustSh(t, b, "date +%s"))
+		g, err := strconv.ParseInt(out, 10, 64)
+		if err != nil {
+			t.Fatalf("date +%%s printed %q", out)
+		}
+		return g, time.Now().Unix()
+	}
+	// The box's lock keeps the periodic step out while the clock is set
+	// back and read.
+	bx := b.(*box)
+	bx.mu.Lock()
+	err = bx.control(ctx, "time "+strconv.FormatInt(time.Now().Add(-time.Hour).UnixNano(), 10))
+	g, h := checkClock()
+	bx.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h-g < 3500 {
+		t.Fatalf("the guest's clock was set an hour back, it reads %d s behind", h-g)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		g, h = checkClock()
+		if g >= h-2 && g <= h+2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest's clock is still %d s off the host's a minute later", h-g)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // checkClock checks the guest's clock (isolatetest.CheckClock) and logs
 // how far off it is, finer than date's seconds.
 func checkClock(t *testing.T, b isolate.Box, when string) {
