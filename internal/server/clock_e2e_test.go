@@ -4,14 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,20 +51,8 @@ func TestMicrovmClock(t *testing.T) {
 // a day, and has openssl in sandbox id verify it.
 func (e *env) verifyCert(t *testing.T, id string, notBefore time.Time, where string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "den clock test"},
-		NotBefore: notBefore, NotAfter: notBefore.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	cert := selfSignedAt(t, notBefore, notBefore.Add(24*time.Hour), "den-clock-test")
+	p := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})
 	if _, err := e.c.WriteFile(context.Background(), id, "/tmp/cert.pem", bytes.NewReader(p), 0o644); err != nil {
 		t.Fatal(err)
 	}
