@@ -176,9 +176,15 @@ func (in *inet) listenPacket(t *testing.T, addr string, port int) net.PacketConn
 }
 
 func selfSigned(t *testing.T, names ...string) tls.Certificate {
+	return selfSignedAt(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), names...)
+}
+
+// selfSignedAt is a self-signed CA certificate for names, valid from
+// notBefore to notAfter.
+func selfSignedAt(t *testing.T, notBefore, notAfter time.Time, names ...string) tls.Certificate {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: notBefore, NotAfter: notAfter,
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {

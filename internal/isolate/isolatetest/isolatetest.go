@@ -130,6 +130,28 @@ func sh(t *testing.T, ctx context.Context, b isolate.Box, script string) Result 
 	return res
 }
 
+// CheckClock checks that the box's wall clock (`date +%s`) is the host's,
+// within 2 s either side of the exec: a correctness bound (a guest
+// clock left at 1970, or at a pause's or checkpoint's time, is off by
+// far more), not a speed one.
+func CheckClock(t testing.TB, ctx context.Context, b isolate.Box, when string) {
+	t.Helper()
+	lo := time.Now().Unix()
+	res, err := Exec(ctx, b.Agent(), &agent.ExecSpec{Argv: []string{"/bin/sh", "-c", "date +%s"}})
+	hi := time.Now().Unix()
+	if err != nil || res.Exit.ExitCode != 0 {
+		t.Fatalf("%s: date +%%s: %v %+v", when, err, res)
+	}
+	g, err := strconv.ParseInt(strings.TrimSpace(res.Stdout), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: date +%%s printed %q", when, res.Stdout)
+	}
+	if g < lo-2 || g > hi+2 {
+		f := func(s int64) string { return time.Unix(s, 0).UTC().Format(time.RFC3339) }
+		t.Fatalf("%s: the box's clock reads %s, the host's %s..%s", when, f(g), f(lo), f(hi))
+	}
+}
+
 func mustSh(t *testing.T, ctx context.Context, b isolate.Box, script string) string {
 	t.Helper()
 	res := sh(t, ctx, b, script)
@@ -146,6 +168,7 @@ func testExec(t *testing.T, h Harness) {
 	if b.Pid() <= 0 {
 		t.Errorf("Pid() = %d, want the host pid of the box's first process", b.Pid())
 	}
+	CheckClock(t, ctx, b, "after boot")
 	res := sh(t, ctx, b, "echo out; echo err >&2; exit 3")
 	if res.Stdout != "out\n" || res.Stderr != "err\n" || res.Exit.ExitCode != 3 {
 		t.Fatalf("stdout %q stderr %q exit %+v; want out, err, 3", res.Stdout, res.Stderr, res.Exit)
@@ -486,7 +509,8 @@ func testPause(t *testing.T, h Harness) {
 	if err == nil {
 		t.Fatal("a paused box answered an exec")
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Long enough for a guest clock that stood still to be seen behind.
+	time.Sleep(3 * time.Second)
 	if err := p.Resume(ctx); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
@@ -494,10 +518,11 @@ func testPause(t *testing.T, h Harness) {
 		t.Fatalf("second resume: %v", err)
 	}
 	after := tick(t, ctx, b)
-	// At 10 ticks a second, 0.8 s of pause would have added about 8.
+	// At 10 ticks a second, 3.5 s of pause would have added about 35.
 	if after > before+5 {
 		t.Fatalf("the counter ran while paused: %d before, %d right after", before, after)
 	}
+	CheckClock(t, ctx, b, "after a 3 s pause")
 	waitTicks(t, ctx, b, after+2)
 	// A paused box can be stopped.
 	if err := p.Pause(ctx); err != nil {
@@ -528,6 +553,7 @@ func testCheckpoint(t *testing.T, h Harness) {
 	if err := cp.Checkpoint(ctx, b, dir+"-live", true); err != nil {
 		t.Fatalf("checkpoint, keep running: %v", err)
 	}
+	CheckClock(t, ctx, b, "after a checkpoint that keeps the box running")
 	n := waitTicks(t, ctx, b, tick(t, ctx, b)+2)
 	// Stopped: the processes are gone, restore brings them back where
 	// they were, with the files.
@@ -540,11 +566,15 @@ func testCheckpoint(t *testing.T, h Harness) {
 		t.Fatal("the box still runs after a checkpoint that stops it")
 	}
 	b.Stop(ctx)
+	// The restore comes later than the checkpoint: the box must show the
+	// time it is restored at, not the saved one.
+	time.Sleep(3 * time.Second)
 	r, err := cp.Restore(ctx, spec, dir)
 	if err != nil {
 		t.Fatalf("restore: %v", err)
 	}
 	defer r.Stop(context.Background())
+	CheckClock(t, ctx, r, "after a restore 3 s after the checkpoint")
 	m := tick(t, ctx, r)
 	if m < n {
 		t.Fatalf("after restore the counter is %d, it was at least %d before: the process did not keep its state", m, n)
@@ -581,6 +611,8 @@ func testCheckpointFork(t *testing.T, h Harness) {
 		t.Fatalf("checkpoint: %v", err)
 	}
 	b.Stop(ctx)
+	// Later than the checkpoint, as for testCheckpoint's clock.
+	time.Sleep(3 * time.Second)
 	// The fork's files are a copy of the source's, as the manager makes.
 	os.RemoveAll(fork.Dir)
 	if out, err := exec.Command("cp", "-a", "--reflink=auto", spec.Dir, fork.Dir).CombinedOutput(); err != nil {
@@ -606,6 +638,7 @@ func testCheckpointFork(t *testing.T, h Harness) {
 		if out := mustSh(t, ctx, c.b, "cat /root/file; hostname"); out != "before\n"+c.spec.Hostname+"\n" {
 			t.Fatalf("%s: file and hostname after restore: %q (want before and %s)", c.spec.ID, out, c.spec.Hostname)
 		}
+		CheckClock(t, ctx, c.b, c.spec.ID+" restored")
 	}
 	// Both run on, independently.
 	waitTicks(t, ctx, f, tick(t, ctx, f)+2)

@@ -98,6 +98,10 @@ func (r *Runtime) Checkpoint(ctx context.Context, ib isolate.Box, dir string, ke
 		if err := b.attach(ctx); err != nil {
 			return fmt.Errorf("checkpoint: reattach the agent: %w", err)
 		}
+		// The guest's clock stood still while its memory was saved.
+		if err := b.setClock(ctx); err != nil {
+			return fmt.Errorf("checkpoint: set the guest's clock: %w", err)
+		}
 	} else {
 		b.needAttach = true
 	}

@@ -78,4 +78,17 @@
 // hypervisors a stock kernel hangs under KVM, and den uses TCG. Under TCG
 // the guest is told the host's TSC rate (tsc_early_khz), since its own
 // calibration against an emulated PIT can fail and hang the boot.
+//
+// The guest's wall clock: the machine has a CMOS RTC on the host's UTC
+// clock, which the guest kernel reads at boot (RTC_HCTOSYS), so a boot
+// starts at the host's time to the second, not at 1970. A guest's clock
+// stands still while the VM is stopped (a pause, a checkpoint's save, the
+// time between a checkpoint and its restore), so the daemon sends the
+// guest init "time <unix ns>" on den.ctl after every boot, restore,
+// resume and checkpoint that keeps the box running (box.setClock), and
+// every 10 minutes while it runs (box.keepClock: a guest clock drifts
+// from the host's, which NTP disciplines); the init steps CLOCK_REALTIME
+// to it. A checkpoint records whether its
+// machine had an RTC (vm.json "rtc"): one taken by an older den restores
+// without, as it was saved.
 package microvm

@@ -48,7 +48,10 @@ const (
 	// one line each, answered with one line, "ok" or "error: why":
 	// "sync" flushes the guest's filesystems (killing QEMU loses its page
 	// cache); "identity <base64 JSON guestIdentity>" gives a restored
-	// guest its box's hostname, MAC and network; "crash" panics the guest
+	// guest its box's hostname, MAC and network; "time <ns>" steps the
+	// guest's wall clock to the host's (Unix nanoseconds: a guest's clock
+	// stands still while it is paused or saved, and starts at 1970 where
+	// no RTC is read); "crash" panics the guest
 	// kernel (how the tests check that a guest panic is reported; the
 	// host could end the VM anyway, and no command inside reaches it).
 	ctlPort = "den.ctl"
@@ -255,6 +258,11 @@ func ctlRequest(line string) string {
 	case "sync":
 		unix.Sync()
 		return "ok"
+	case "time":
+		if err := setClock(arg); err != nil {
+			return "error: time: " + err.Error()
+		}
+		return "ok"
 	case "crash":
 		os.WriteFile("/proc/sysrq-trigger", []byte("c"), 0)
 		return "error: the guest did not panic"
@@ -273,6 +281,16 @@ func ctlRequest(line string) string {
 		return "ok"
 	}
 	return "error: unknown request " + strconv.Quote(cmd)
+}
+
+// setClock steps the guest's wall clock to arg, Unix nanoseconds.
+func setClock(arg string) error {
+	ns, err := strconv.ParseInt(arg, 10, 64)
+	if err != nil || ns <= 0 {
+		return fmt.Errorf("%q is not a time in Unix nanoseconds", arg)
+	}
+	ts := unix.NsecToTimespec(ns)
+	return unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
 }
 
 // applyIdentity makes a running guest (restored from a checkpoint,

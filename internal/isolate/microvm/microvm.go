@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os"
@@ -52,7 +53,14 @@ type Config struct {
 
 	// extraAppend is added to the guest kernel's command line (tests).
 	extraAppend string
+	// clockSync is how often a running guest's clock is stepped to the
+	// host's (default clockSyncEvery; tests shorten it).
+	clockSync time.Duration
 }
+
+// clockSyncEvery: a running guest's clock drifts from the host's, which
+// NTP disciplines (a crystal's 50 ppm is 30 ms in 10 minutes).
+const clockSyncEvery = 10 * time.Minute
 
 func (c *Config) defaults() {
 	if c.RunDir == "" {
@@ -72,6 +80,9 @@ func (c *Config) defaults() {
 	}
 	if c.Exe == "" {
 		c.Exe = "/proc/self/exe"
+	}
+	if c.clockSync <= 0 {
+		c.clockSync = clockSyncEvery
 	}
 	if c.Memory <= 0 {
 		c.Memory = 512 << 20
@@ -152,7 +163,11 @@ type vmConfig struct {
 	Lowers  []string `json:"lowers"` // erofs images; disk serial l<i>
 	Net     bool     `json:"net"`
 	MAC     string   `json:"mac,omitempty"`
-	Limits  isolate.Limits
+	// RTC: the machine has a CMOS clock the guest kernel reads its time
+	// from at boot (a checkpoint made without one restores without one:
+	// the saved machine must match).
+	RTC    bool `json:"rtc,omitempty"`
+	Limits isolate.Limits
 	// Ident is the hostname and network the guest has taken: a restore
 	// whose box has the same skips telling it again.
 	Ident *guestIdentity `json:"identity,omitempty"`
@@ -229,7 +244,7 @@ func validate(spec *isolate.Spec) error {
 func (r *Runtime) prepare(spec *isolate.Spec) (vmConfig, *guestConfig, error) {
 	vm := vmConfig{
 		Memory: vmMemory(spec.Limits, r.cfg), CPUs: vmCPUs(spec.Limits), Accel: r.info.Accel,
-		Kernel: r.info.Kernel, Net: spec.Net, Limits: spec.Limits,
+		Kernel: r.info.Kernel, Net: spec.Net, Limits: spec.Limits, RTC: true,
 	}
 	if err := r.ensureDisk(spec.Dir, r.diskSize(spec.Limits)); err != nil {
 		return vm, nil, err
@@ -328,12 +343,19 @@ func qemuArgs(vm vmConfig, run, dir string, incoming bool) []string {
 	if vm.Accel == "kvm" {
 		cpu = "host"
 	}
+	rtc := "off"
+	if vm.RTC {
+		rtc = "on"
+	}
 	a := []string{
 		"-name", "den-" + filepath.Base(run),
-		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=off,acpi=on",
+		"-M", "microvm,x-option-roms=off,isa-serial=on,rtc=" + rtc + ",acpi=on",
 		"-accel", vm.Accel, "-cpu", cpu,
 		"-m", strconv.FormatInt(vm.Memory, 10), "-smp", strconv.Itoa(vm.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		// The RTC follows the host's UTC clock, also while the VM is
+		// stopped.
+		"-rtc", "base=utc,clock=host",
 		"-kernel", vm.Kernel, "-initrd", vm.Initrd, "-append", vm.Cmdline,
 		"-chardev", "file,id=con,path=" + filepath.Join(run, "console.log"), "-serial", "chardev:con",
 		"-qmp", "unix:" + filepath.Join(run, "qmp.sock") + ",server=on,wait=off",
@@ -534,7 +556,13 @@ func (r *Runtime) boot(ctx context.Context, spec *isolate.Spec, vm vmConfig, gc 
 	if err := <-identified; err != nil {
 		return nil, fail("give the restored guest its identity", err)
 	}
+	// A booted guest's clock is the RTC's, to the second; a restored one's
+	// is the checkpoint's.
+	if err := b.setClock(bctx); err != nil {
+		return nil, fail("set the guest's clock", err)
+	}
 	b.booted = time.Since(t0)
+	go b.keepClock(r.cfg.clockSync)
 	return b, nil
 }
 
@@ -637,6 +665,56 @@ func (b *box) identify(ctx context.Context, id *guestIdentity) error {
 	return err
 }
 
+// setClock steps the guest's wall clock to the host's. The time is the
+// host's when the request leaves; an answer slower than clockRTT (a
+// guest still waking) means it may be that much late, and the request is
+// sent again.
+func (b *box) setClock(ctx context.Context) error {
+	for i := 0; ; i++ {
+		t := time.Now()
+		err := b.control(ctx, "time "+strconv.FormatInt(t.UnixNano(), 10))
+		if err != nil && strings.HasPrefix(err.Error(), "unknown") {
+			// The init of a checkpoint made by an older den: its clock
+			// stays as it was.
+			return nil
+		}
+		if err != nil || time.Since(t) < clockRTT || i == 2 {
+			return err
+		}
+	}
+}
+
+// keepClock steps the guest's clock to the host's every interval while
+// the box runs, until QEMU ends. A step that fails is tried again at the
+// next one (a guest whose control port does not answer has worse
+// troubles, seen by its agent's link).
+func (b *box) keepClock(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		if !b.paused && !b.stopped {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			b.setClock(ctx)
+			cancel()
+		}
+		b.mu.Unlock()
+	}
+}
+
+// clockRTT is the answer time under which a clock request is taken to
+// have arrived at once.
+const clockRTT = 250 * time.Millisecond
+
+// maxCtlReply bounds the guest's answer to a control request (the guest
+// is not trusted).
+const maxCtlReply = 4 << 10
+
 // control sends one request to the guest init's control port and waits
 // for its "ok".
 func (b *box) control(ctx context.Context, req string) error {
@@ -654,10 +732,13 @@ func (b *box) control(ctx context.Context, req string) error {
 	if _, err := c.Write([]byte(req + "\n")); err != nil {
 		return err
 	}
-	reply, err := bufio.NewReader(c).ReadString('\n')
+	reply, err := bufio.NewReader(io.LimitReader(c, maxCtlReply)).ReadString('\n')
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if err == io.EOF && len(reply) == maxCtlReply {
+			return fmt.Errorf("the guest answered more than %d bytes without a newline", maxCtlReply)
 		}
 		return err
 	}
@@ -773,12 +854,14 @@ func (r *Runtime) Load(ctx context.Context, spec *isolate.Spec, pid int) (isolat
 	if st == "paused" {
 		// A paused guest cannot answer: attach on Resume.
 		b.paused, b.needAttach = true, true
+		go b.keepClock(r.cfg.clockSync)
 		return b, nil
 	}
 	if err := b.attach(lctx); err != nil {
 		b.qmp.close()
 		return nil, fmt.Errorf("box %s: agent does not answer: %w", spec.ID, err)
 	}
+	go b.keepClock(r.cfg.clockSync)
 	return b, nil
 }
 
@@ -812,6 +895,10 @@ func (b *box) Resume(ctx context.Context) error {
 			return err
 		}
 		b.needAttach = false
+	}
+	// The guest's clock stood still while it was paused.
+	if err := b.setClock(ctx); err != nil {
+		return fmt.Errorf("set the guest's clock: %w", err)
 	}
 	return nil
 }

@@ -738,3 +738,145 @@ func TestPortsOutOfReach(t *testing.T) {
 		}
 	}
 }
+
+// The guest's wall clock follows the host's: at boot (1970 before den
+// set it), after a pause (the guest's clock stood still meanwhile) and
+// after a restore made later than its checkpoint (the saved memory holds
+// the checkpoint's time). TestMicrovmClock (internal/server) has openssl
+// verify a certificate inside.
+func TestClock(t *testing.T) {
+	rt := newRuntime(t, nil)
+	ctx := context.Background()
+	spec := testSpec(t, "clock")
+	spec.Layers = append(spec.Layers, isolate.Overlay{Target: "/opt", Lowers: []string{clockProbeLayer(t)}, Name: "opt"})
+	defer rt.Destroy(ctx, spec)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkClock(t, b, "after boot")
+	// The kernel read it from the RTC at boot too.
+	before := time.Now().Unix()
+	out, _ := sh(t, b, "cat /sys/class/rtc/rtc0/since_epoch 2>&1")
+	rtc := strings.TrimSpace(out)
+	if v, err := strconv.ParseInt(rtc, 10, 64); err != nil || v < before-2 || v > time.Now().Unix()+2 {
+		t.Errorf("the guest's RTC reads %q, the host's clock %d", rtc, before)
+	}
+
+	if err := b.(*box).Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if err := b.(*box).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkClock(t, b, "after a 5 s pause")
+
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := rt.Checkpoint(ctx, b, dir, false); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	time.Sleep(5 * time.Second)
+	r, err := rt.Restore(ctx, spec, dir)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	defer r.Stop(ctx)
+	checkClock(t, r, "after a restore 5 s after the checkpoint")
+}
+
+// A running guest's clock that went astray is stepped back to the
+// host's: here one set an hour back through the control port (as a
+// guest clock that drifted, only further).
+func TestClockResync(t *testing.T) {
+	rt := newRuntime(t, func(c *Config) { c.clockSync = time.Second })
+	ctx := context.Background()
+	spec := testSpec(t, "clocksync")
+	defer rt.Destroy(ctx, spec)
+	b, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(ctx)
+	readClock := func() (guest, host int64) {
+		out := strings.TrimSpace(mustSh(t, b, "date +%s"))
+		g, err := strconv.ParseInt(out, 10, 64)
+		if err != nil {
+			t.Fatalf("date +%%s printed %q", out)
+		}
+		return g, time.Now().Unix()
+	}
+	// The box's lock keeps the periodic step out while the clock is set
+	// back and read.
+	bx := b.(*box)
+	bx.mu.Lock()
+	err = bx.control(ctx, "time "+strconv.FormatInt(time.Now().Add(-time.Hour).UnixNano(), 10))
+	g, h := readClock()
+	bx.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h-g < 3500 {
+		t.Fatalf("the guest's clock was set an hour back, it reads %d s behind", h-g)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		g, h = readClock()
+		if g >= h-2 && g <= h+2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest's clock is still %d s off the host's a minute later", h-g)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// checkClock checks the guest's clock (isolatetest.CheckClock) and logs
+// how far off it is, finer than date's seconds.
+func checkClock(t *testing.T, b isolate.Box, when string) {
+	t.Helper()
+	isolatetest.CheckClock(t, context.Background(), b, when)
+	t0 := time.Now()
+	out := strings.TrimSpace(mustSh(t, b, clockEnv+"=1 /opt/bin/clockprobe"))
+	t1 := time.Now()
+	if ns, err := strconv.ParseInt(out, 10, 64); err == nil {
+		mid := t0.Add(t1.Sub(t0) / 2)
+		t.Logf("%s: guest clock - host clock = %v (± %v, the exec's half round trip)", when, time.Unix(0, ns).Sub(mid), t1.Sub(t0)/2)
+	}
+}
+
+// clockEnv makes the test binary print its clock in Unix nanoseconds and
+// exit (busybox's date has no %N).
+const clockEnv = "DEN_TEST_PRINT_CLOCK"
+
+func init() {
+	if os.Getenv(clockEnv) != "" {
+		fmt.Println(time.Now().UnixNano())
+		os.Exit(0)
+	}
+}
+
+// clockProbeLayer is a layer for /opt holding this test binary (static),
+// which prints its clock when clockEnv is set.
+func clockProbeLayer(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(testCache, "clockprobe-layer")
+	exe, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rewritten only when the binary changed: its erofs image is cached by
+	// the tree's metadata.
+	if have, err := os.ReadFile(filepath.Join(dir, "bin/clockprobe")); err == nil && string(have) == string(exe) {
+		return dir
+	}
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/clockprobe"), exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
