@@ -173,6 +173,8 @@ type ExecRequest struct {
 	// Restart and Name apply to background processes (POST .../processes):
 	// "always" or "on-failure" make the process a service that is started
 	// again, with backoff, when it ends, and again when the sandbox starts.
+	// Name names the process in every .../processes/{proc} route, in
+	// place of its id; a name shaped like an id ("p12") is refused.
 	Restart string `json:"restart,omitempty"`
 	Name    string `json:"name,omitempty"`
 	// TTY starts a background process on a terminal of the given size;

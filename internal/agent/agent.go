@@ -42,7 +42,6 @@ type Agent struct {
 	opts   Options
 	launch *launcher
 	mu     sync.Mutex
-	procs  map[string]*Process
 	order  []*Process // in start order, for listing and retention
 
 	sessions map[string]*session
@@ -69,7 +68,7 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{opts: opts, launch: l, procs: map[string]*Process{}, sessions: map[string]*session{}}, nil
+	return &Agent{opts: opts, launch: l, sessions: map[string]*session{}}, nil
 }
 
 func (a *Agent) hostname() string {

@@ -446,25 +446,12 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 201, info)
 }
 
-// validProcID reports whether p looks like an agent process id ("p12").
-func validProcID(p string) bool {
-	if len(p) < 2 || len(p) > 20 || p[0] != 'p' {
-		return false
-	}
-	for _, c := range p[1:] {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
-
 // procProxy forwards a process request to the agent's /procs/{proc}{suffix}.
 func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		path := agent.PathProcs
 		if p := r.PathValue("proc"); p != "" {
-			if !validProcID(p) {
+			if !agent.ValidProcRef(p) {
 				writeError(w, noProcess(p))
 				return
 			}
@@ -548,17 +535,17 @@ func writeSleepingProcs(w http.ResponseWriter, list []api.ProcessInfo, proc stri
 		writeJSON(w, 200, list)
 		return
 	}
-	for _, p := range list {
-		if p.ID == proc {
-			writeJSON(w, 200, p)
-			return
-		}
+	if i := agent.ResolveProc(proc, len(list), func(i int) (string, string, bool) {
+		return list[i].ID, list[i].Name, list[i].State == api.ProcRunning
+	}); i >= 0 {
+		writeJSON(w, 200, list[i])
+		return
 	}
 	writeError(w, noProcess(proc))
 }
 
 func noProcess(p string) error {
-	return api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", p)
+	return api.Errorf(api.KindNotFound, "no process %q: name a process by its id (p12) or the --name it was started with (see den ps)", p)
 }
 
 func (s *Server) images(w http.ResponseWriter, r *http.Request) {
