@@ -458,8 +458,8 @@ func (a *Agent) handleHostname(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
-	if err := syscall.Sethostname([]byte(req.Hostname)); err != nil {
-		WriteError(w, api.Errorf(api.KindInvalid, "sethostname: %v", err))
+	if err := SetHostname(req.Hostname, HostsFile); err != nil {
+		WriteError(w, api.Errorf(api.KindInvalid, "%v", err))
 		return
 	}
 	w.WriteHeader(204)

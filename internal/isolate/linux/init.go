@@ -40,8 +40,8 @@ func Init() {
 	if err := setupRoot(cfg); err != nil {
 		fail(err)
 	}
-	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-		fail(fmt.Errorf("sethostname: %w", err))
+	if err := agent.SetHostname(cfg.Hostname, agent.HostsFile); err != nil {
+		fail(err)
 	}
 	if err := host.LoopbackUp(); err != nil {
 		fail(err)

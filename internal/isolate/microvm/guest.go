@@ -167,8 +167,8 @@ func initMain() {
 		guestFail(err)
 	}
 	debugf("network up")
-	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-		guestFail(fmt.Errorf("sethostname: %w", err))
+	if err := agent.SetHostname(cfg.Hostname, guestRoot+agent.HostsFile); err != nil {
+		guestFail(err)
 	}
 	port, err := openPort(agentPort)
 	if err != nil {
@@ -285,8 +285,8 @@ func ctlRequest(line string) string {
 // addresses with a gratuitous ARP (the bridge learns the MAC's port).
 func applyIdentity(id *guestIdentity) error {
 	if id.Hostname != "" {
-		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
-			return fmt.Errorf("sethostname: %w", err)
+		if err := agent.SetHostname(id.Hostname, guestRoot+agent.HostsFile); err != nil {
+			return err
 		}
 	}
 	if id.Net == nil {
