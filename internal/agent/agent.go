@@ -443,7 +443,18 @@ func (a *Agent) handleUpload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := extractTar(r.Body, p); err != nil {
+	// ?owner=USER (as lookupUser takes it; "" is root): every entry
+	// belongs to that user; without it entries keep the archive's owners.
+	var owner *user
+	if spec, ok := r.URL.Query()["owner"]; ok {
+		u, err := lookupUser(spec[0], "")
+		if err != nil {
+			WriteError(w, err)
+			return
+		}
+		owner = u
+	}
+	if err := extractTar(r.Body, p, owner); err != nil {
 		WriteError(w, err)
 		return
 	}

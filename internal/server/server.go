@@ -123,7 +123,7 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/files/mkdir", s.proxyJSON(agent.PathMkdir, func() any { return new(api.MkdirRequest) }))
 	h("POST /v1/sandboxes/{id}/files/rename", s.proxyJSON(agent.PathRename, func() any { return new(api.RenameRequest) }))
 	h("GET /v1/sandboxes/{id}/archive", s.proxy("GET", agent.PathArchive, true))
-	h("PUT /v1/sandboxes/{id}/archive", s.proxy("PUT", agent.PathArchive, true))
+	h("PUT /v1/sandboxes/{id}/archive", s.upload)
 	h("POST /v1/sandboxes/{id}/processes", s.startProcess)
 	h("GET /v1/sandboxes/{id}/processes", s.procProxy("GET", ""))
 	h("GET /v1/sandboxes/{id}/processes/{proc}", s.procProxy("GET", ""))
@@ -370,6 +370,34 @@ func (s *Server) proxy(method, path string, needPath bool) http.HandlerFunc {
 		}
 		s.forward(w, r, method, path, q, body)
 	}
+}
+
+// upload unpacks a tar into the sandbox. Its files belong to the
+// sandbox's user (its default user, root without one), as an agent
+// working there as that user expects; ?keep_owners=true keeps the
+// archive's uid/gid instead (den cp -a).
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		writeError(w, api.FieldError("path", "missing: add ?path=/some/dir"))
+		return
+	}
+	keep, err := boolParam(r, "keep_owners")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	q := url.Values{"path": {p}}
+	// The owner is the sandbox's, known once forwardTo has looked it up
+	// (and before it sends q to the agent).
+	agentOf := func(ctx context.Context, id string) (*agent.Client, *api.Sandbox, error) {
+		ag, sb, err := s.m.Agent(ctx, id)
+		if err == nil && !keep {
+			q.Set("owner", sb.User)
+		}
+		return ag, sb, err
+	}
+	s.forwardTo(w, r, agentOf, "PUT", agent.PathArchive, q, r.Body)
 }
 
 func (s *Server) proxyJSON(path string, newReq func() any) http.HandlerFunc {
