@@ -30,14 +30,7 @@ func TestCpInOwnedBySandboxUser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	den := func(args ...string) string {
-		t.Helper()
-		out, err := d.cli(0, args...)
-		if err != nil {
-			t.Fatalf("den %q: %v: %s", args, err, out)
-		}
-		return out
-	}
+	den := d.must
 	owners := func(id, dir string) string {
 		t.Helper()
 		return d.sh(id, "cd "+dir+" && stat -c %u:%g src src/a.txt src/sub src/sub/b.txt | sort -u")

@@ -17,14 +17,7 @@ func TestProcessNamesInEveryVerb(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	den := func(args ...string) string {
-		t.Helper()
-		out, err := d.cli(0, args...)
-		if err != nil {
-			t.Fatalf("den %q: %v: %s", args, err, out)
-		}
-		return out
-	}
+	den := d.must
 	id := strings.TrimSpace(den("exec", "-d", "--name", "web", sb.ID, "--", "sh", "-c", "echo serving; exec sleep 1000"))
 	if !strings.HasPrefix(id, "p") {
 		t.Fatalf("den exec -d printed %q, want a process id", id)
@@ -67,4 +60,14 @@ func TestProcessNamesInEveryVerb(t *testing.T) {
 	}
 	den("exec", "-d", "--name", "p7x", sb.ID, "--", "true")
 	den("wait", sb.ID, "p7x")
+}
+
+// must runs den as root against d, failing the test when it fails.
+func (d *daemon) must(args ...string) string {
+	d.t.Helper()
+	out, err := d.cli(0, args...)
+	if err != nil {
+		d.t.Fatalf("den %q: %v: %s", args, err, out)
+	}
+	return out
 }
