@@ -469,7 +469,7 @@ func (a *Agent) handleHostname(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
-	if err := SetHostname(req.Hostname, HostsFile); err != nil {
+	if err := SetHostname(req.Hostname, "/"); err != nil {
 		WriteError(w, api.Errorf(api.KindInvalid, "%v", err))
 		return
 	}

@@ -6,55 +6,65 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
+	"path"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
-// HostsFile is where a sandbox's resolver finds its own name.
-const HostsFile = "/etc/hosts"
+// hostsFile is where a sandbox's resolver finds its own name, relative
+// to the sandbox's root.
+const hostsFile = "etc/hosts"
 
-// SetHostname sets the sandbox's hostname and names it in hosts (the
-// sandbox's /etc/hosts, as seen from the caller), as NameInHosts does. A
-// hosts file den cannot write (an image's read-only or odd /etc) only
-// costs the lookup: it is reported on stderr (the box's log), not failed.
-func SetHostname(name, hosts string) error {
+// SetHostname sets the sandbox's hostname and names it in the /etc/hosts
+// of the sandbox's root directory root (as seen from the caller), as
+// NameInHosts does. A hosts file den cannot write (an image's read-only or
+// odd /etc) only costs the lookup: it is reported on stderr (the box's
+// log), not failed.
+func SetHostname(name, root string) error {
 	if err := unix.Sethostname([]byte(name)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
-	if err := NameInHosts(hosts, name); err != nil {
-		fmt.Fprintf(os.Stderr, "den: name the sandbox in %s: %v\n", hosts, err)
+	if err := NameInHosts(root, name); err != nil {
+		fmt.Fprintf(os.Stderr, "den: name the sandbox in /etc/hosts: %v\n", err)
 	}
 	return nil
 }
 
-// NameInHosts makes file say that name is this machine, as Debian's
-// installer and Docker do: a "127.0.1.1 NAME" line, so hostname -f, sudo
-// and Java find their own name without a DNS lookup that can stall. The
-// file's other lines (the image's) stay; an earlier 127.0.1.1 line (a
-// previous name, or a fork's source's) goes. A missing file is written
-// with the localhost lines; one that is not a regular file (a symlink
-// the image manages) is left alone.
-func NameInHosts(file, name string) error {
-	fi, err := os.Lstat(file)
+// NameInHosts makes the /etc/hosts of the root directory root say that
+// name is this machine, as Debian's installer and Docker do: a
+// "127.0.1.1 NAME" line, so hostname -f, sudo and Java find their own
+// name without a DNS lookup that can stall. The file's other lines (the
+// image's) stay; an earlier 127.0.1.1 line (a previous name, or a fork's
+// source's) goes. A missing file is written with the localhost lines; one
+// that is not a regular file (a symlink the image manages) is left alone.
+// The file is reached through an os.Root at root, so symlinks in the
+// image's /etc cannot lead the write out of it (the microVM's guest init
+// writes it from outside the sandbox's root).
+func NameInHosts(root, name string) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	fi, err := r.Lstat(hostsFile)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		if err := r.MkdirAll(path.Dir(hostsFile), 0o755); err != nil {
 			return err
 		}
-		return os.WriteFile(file, hostsNaming([]byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"), name), 0o644)
+		return r.WriteFile(hostsFile, hostsNaming([]byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"), name), 0o644)
 	case err != nil:
 		return err
 	case !fi.Mode().IsRegular():
 		return nil
 	}
-	old, err := os.ReadFile(file)
+	old, err := r.ReadFile(hostsFile)
 	if err != nil {
 		return err
 	}
 	if want := hostsNaming(old, name); !bytes.Equal(old, want) {
-		return os.WriteFile(file, want, 0o644)
+		return r.WriteFile(hostsFile, want, 0o644)
 	}
 	return nil
 }

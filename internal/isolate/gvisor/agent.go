@@ -59,8 +59,8 @@ func AgentMain() {
 	}
 	// runsc set the hostname from the OCI spec; name it in /etc/hosts.
 	if h, err := os.Hostname(); err == nil {
-		if err := agent.NameInHosts(agent.HostsFile, h); err != nil {
-			fmt.Fprintf(os.Stderr, "den agent: name the sandbox in %s: %v\n", agent.HostsFile, err)
+		if err := agent.NameInHosts("/", h); err != nil {
+			fmt.Fprintf(os.Stderr, "den agent: name the sandbox in /etc/hosts: %v\n", err)
 		}
 	}
 	a, err := agent.New(agent.Options{Confine: confineLauncher, SetPids: limitProcs})

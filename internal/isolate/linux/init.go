@@ -40,7 +40,7 @@ func Init() {
 	if err := setupRoot(cfg); err != nil {
 		fail(err)
 	}
-	if err := agent.SetHostname(cfg.Hostname, agent.HostsFile); err != nil {
+	if err := agent.SetHostname(cfg.Hostname, "/"); err != nil {
 		fail(err)
 	}
 	if err := host.LoopbackUp(); err != nil {

@@ -168,7 +168,7 @@ func initMain() {
 		guestFail(err)
 	}
 	debugf("network up")
-	if err := agent.SetHostname(cfg.Hostname, guestRoot+agent.HostsFile); err != nil {
+	if err := agent.SetHostname(cfg.Hostname, guestRoot); err != nil {
 		guestFail(err)
 	}
 	port, err := openPort(agentPort)
@@ -286,7 +286,7 @@ func ctlRequest(line string) string {
 // addresses with a gratuitous ARP (the bridge learns the MAC's port).
 func applyIdentity(id *guestIdentity) error {
 	if id.Hostname != "" {
-		if err := agent.SetHostname(id.Hostname, guestRoot+agent.HostsFile); err != nil {
+		if err := agent.SetHostname(id.Hostname, guestRoot); err != nil {
 			return err
 		}
 	}
