@@ -55,6 +55,8 @@ type Sandbox struct {
 	// or hibernate.
 	IdleAction string        `json:"idle_action,omitempty"`
 	Network    NetworkPolicy `json:"network"`
+	// ShmSize is the size of the sandbox's /dev/shm (0: 64 MiB).
+	ShmSize Size `json:"shm_size,omitempty"`
 	// Volumes and Mounts are attached at every start.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 	Mounts  []BindMount   `json:"mounts,omitempty"`
@@ -113,6 +115,9 @@ type CreateRequest struct {
 	// IdleAction: see Sandbox.IdleAction.
 	IdleAction string         `json:"idle_action,omitempty"`
 	Network    *NetworkPolicy `json:"network,omitempty"`
+	// ShmSize sizes /dev/shm, a tmpfs in the sandbox's memory: 1 MiB to
+	// the sandbox's memory limit (0: 64 MiB, as Docker's --shm-size).
+	ShmSize Size `json:"shm_size,omitempty"`
 	// From creates the sandbox from a snapshot (its files, and its image,
 	// environment and limits unless the request sets them).
 	From    string        `json:"from,omitempty"`
@@ -173,6 +178,8 @@ type ExecRequest struct {
 	// Restart and Name apply to background processes (POST .../processes):
 	// "always" or "on-failure" make the process a service that is started
 	// again, with backoff, when it ends, and again when the sandbox starts.
+	// Name names the process in every .../processes/{proc} route, in
+	// place of its id; a name shaped like an id ("p12") is refused.
 	Restart string `json:"restart,omitempty"`
 	Name    string `json:"name,omitempty"`
 	// TTY starts a background process on a terminal of the given size;

@@ -127,7 +127,19 @@ func (c *Client) Download(ctx context.Context, id, path string) (io.ReadCloser, 
 
 // Upload unpacks a tar stream into the directory dir inside a sandbox,
 // creating dir if it is missing. Entries that would escape dir are refused.
+// The files belong to the sandbox's user (root when it has none), whatever
+// owners the archive names.
 func (c *Client) Upload(ctx context.Context, id, dir string, tar io.Reader) error {
+	return c.upload(ctx, id, dir, tar, false)
+}
+
+// UploadKeepingOwners is Upload keeping the uid/gid each archive entry
+// names (den cp -a).
+func (c *Client) UploadKeepingOwners(ctx context.Context, id, dir string, tar io.Reader) error {
+	return c.upload(ctx, id, dir, tar, true)
+}
+
+func (c *Client) upload(ctx context.Context, id, dir string, tar io.Reader, keepOwners bool) error {
 	p, err := sandboxPath(id, "/archive")
 	if err != nil {
 		return err
@@ -135,7 +147,11 @@ func (c *Client) Upload(ctx context.Context, id, dir string, tar io.Reader) erro
 	if tar == nil {
 		tar = http.NoBody
 	}
-	req := &request{method: http.MethodPut, path: p, query: url.Values{"path": {dir}}, body: tar, contentType: "application/x-tar"}
+	q := url.Values{"path": {dir}}
+	if keepOwners {
+		q.Set("keep_owners", "true")
+	}
+	req := &request{method: http.MethodPut, path: p, query: q, body: tar, contentType: "application/x-tar"}
 	resp, err := c.send(ctx, req)
 	if err != nil {
 		return err

@@ -35,8 +35,10 @@ lose their setuid and setgid bits: a sandbox cannot plant a privileged
 program on this machine. Extended attributes (file capabilities among
 them) and device nodes never come out. With -a (--archive) they keep the
 sandbox's uid/gid and their setuid/setgid bits, as docker cp -a does
-(setting other owners needs root). Copied in, files belong to root inside
-the sandbox unless -a keeps their local uid/gid.`,
+(setting other owners needs root). Copied in, files belong to the
+sandbox's user (den create -u; root when it has none), so commands running
+as that user can change them; -a keeps their local uid/gid instead (or, for
+a tar on standard input, the ones it names).`,
 	example: `den cp ./src web:/work
 		den cp web:/work/out ./out
 		den cp web:/work/src/. ./local-copy`,
@@ -70,7 +72,7 @@ func contentsOnly(p string) bool {
 
 func cmdCp(c *cli, v *verb, args []string) error {
 	f := newFlags(v)
-	keepOwner := f.Bool("archive", "a", "keep owners: copied in, the local uid/gid (default: root); copied out, the sandbox's uid/gid and setuid/setgid bits (default: yours, without setuid/setgid)")
+	keepOwner := f.Bool("archive", "a", "keep owners: copied in, the local uid/gid (default: the sandbox's user, see den create -u); copied out, the sandbox's uid/gid and setuid/setgid bits (default: yours, without setuid/setgid)")
 	pos, err := c.exactly(f, v, args, 2, "cp needs SRC and DST")
 	if err != nil {
 		return err
@@ -100,8 +102,12 @@ func cmdCp(c *cli, v *verb, args []string) error {
 // copyIn copies the local src into the sandbox.
 func (c *cli) copyIn(ctx context.Context, cl *client.Client, src string, dst cpPath, keepOwner bool) error {
 	dpath := path.Clean(dst.path)
+	upload := cl.Upload
+	if keepOwner {
+		upload = cl.UploadKeepingOwners
+	}
 	if src == "-" {
-		return cl.Upload(ctx, dst.id, dpath, c.stdin)
+		return upload(ctx, dst.id, dpath, c.stdin)
 	}
 	contents := contentsOnly(src)
 	local := filepath.Clean(src)
@@ -155,7 +161,7 @@ func (c *cli) copyIn(ctx context.Context, cl *client.Client, src string, dst cpP
 	go func() {
 		pw.CloseWithError(writeTar(pw, local, name, keepOwner, c.stderr))
 	}()
-	err = cl.Upload(ctx, dst.id, dir, pr)
+	err = upload(ctx, dst.id, dir, pr)
 	pr.CloseWithError(errors.New("upload ended"))
 	return err
 }

@@ -34,7 +34,7 @@ type sandboxOpts struct {
 	runtime                    string
 	env, labels                []string
 	cpus                       float64
-	memory                     api.Size
+	memory, shmSize            api.Size
 	pids                       int
 	ttl, idleTimeout           api.Duration
 	idleAction, from           string
@@ -53,6 +53,7 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(stringValue{&o.user}, "user", "u", "USER", "user (name or uid[:gid]) commands run as")
 	f.Var(floatValue{&o.cpus}, "cpus", "", "N", "CPU limit in CPUs, like 1.5")
 	f.Var(sizeValue{&o.memory}, "memory", "m", "SIZE", "memory limit, like 512m or 2g")
+	f.Var(sizeValue{&o.shmSize}, "shm-size", "", "SIZE", "size of /dev/shm, like 256m or 1g (default 64m; at most the memory limit)")
 	f.Var(intValue{&o.pids}, "pids", "", "N", "limit on the number of processes")
 	f.Var(durationValue{&o.ttl}, "ttl", "", "DURATION", "remove the sandbox after this long, like 1h")
 	f.Var(durationValue{&o.idleTimeout}, "idle-timeout", "", "DURATION", "stop the sandbox after this long without exec, file or process activity, like 30m (files are kept; den start resumes it)")
@@ -103,6 +104,7 @@ func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, err
 		Workdir:     o.workdir,
 		User:        o.user,
 		Limits:      api.Limits{CPUs: o.cpus, Memory: o.memory, Pids: o.pids, Disk: o.disk},
+		ShmSize:     o.shmSize,
 		TTL:         o.ttl,
 		IdleTimeout: o.idleTimeout,
 		IdleAction:  o.idleAction,

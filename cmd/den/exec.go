@@ -40,7 +40,9 @@ With -d the command starts in the background and den prints its process id
 (PROC) at once; the process keeps running after den exits. See den ps,
 den logs, den attach, den kill and den wait. With --restart always or
 on-failure it is a service: started again, with backoff, when it ends, and
-again when the sandbox starts; --name names it (shown by den ps).
+again when the sandbox starts. --name names it (shown by den ps): den logs,
+attach, kill and wait then take the name in place of its id (a name shaped
+like an id, p12, is refused).
 
 With --session NAME the command runs in the sandbox's long-lived shell of
 that name (created on first use), so cd, export and functions persist for
@@ -363,7 +365,7 @@ func cmdExec(c *cli, v *verb, args []string) error {
 	detach := f.Bool("detach", "d", "start the command in the background and print its process id")
 	f.Var(stringValue{&o.session}, "session", "", "NAME", "run the command as a shell line in the sandbox's shell session NAME, which keeps cd, export and functions between commands")
 	f.Var(stringValue{&o.restart}, "restart", "", "POLICY", "with -d: restart the process when it ends: always or on-failure (a service)")
-	f.Var(stringValue{&o.name}, "name", "", "NAME", "with -d: name the background process")
+	f.Var(stringValue{&o.name}, "name", "", "NAME", "with -d: name the background process, for logs/attach/kill/wait in place of its id")
 	pos, cmd, err := f.parse(args, 1, c.stdout)
 	if err != nil {
 		return err

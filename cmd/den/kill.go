@@ -27,7 +27,7 @@ func cmdKill(c *cli, v *verb, args []string) error {
 		return err
 	}
 	if len(pos) < 2 {
-		return usagef(v, "kill needs a sandbox ID and a process id (PROC), like: den kill web p1")
+		return usagef(v, "kill needs a sandbox ID and a process id or --name (PROC), like: den kill web p1")
 	}
 	sig := strings.TrimSpace(*signal)
 	if f.isSet("signal") && sig == "" {

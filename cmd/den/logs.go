@@ -59,7 +59,7 @@ func (c *cli) procArgs(f *flagSet, v *verb, args []string) (id, proc string, err
 		return "", "", err
 	}
 	if len(pos) != 2 {
-		return "", "", usagef(v, "%s needs a sandbox ID and a process id (PROC), like: den %s web p1", v.name, v.name)
+		return "", "", usagef(v, "%s needs a sandbox ID and a process id or --name (PROC), like: den %s web p1", v.name, v.name)
 	}
 	return pos[0], pos[1], nil
 }

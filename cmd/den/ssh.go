@@ -37,8 +37,11 @@ The gateway's host key and port: den asks the daemon (den info: its ssh
 gateway's address and host key) and pins the key in den's known_hosts file
 (~/.config/den/known_hosts), so a changed key is refused. --data DIR reads
 the key from a data directory instead (DIR/ssh_host_ed25519_key.pub); a
-daemon that does not say (no gateway, or an older den) makes den read
-$DEN_DATA or /var/lib/den. Without a key the first connection records the
+daemon that cannot be asked makes den read $DEN_DATA or /var/lib/den. A
+daemon that answers without a gateway has it off: den says so and how to
+turn it on (den serve --ssh ADDR) instead of running ssh into a refused
+connection, unless --port, $DEN_SSH_PORT, --ssh-host or $DEN_SSH_HOST
+point at a gateway of your own. Without a key the first connection records the
 key it sees (StrictHostKeyChecking=accept-new) and later ones must match it;
 compare the fingerprint with ssh-keygen -lf DATA/ssh_host_ed25519_key.pub on
 the daemon's host. --print (or --json) shows the ssh command instead of
@@ -92,7 +95,12 @@ func cmdSSH(c *cli, v *verb, args []string) error {
 	if *data != "" {
 		pub, _ = os.ReadFile(filepath.Join(*data, sshHostKeyFile+".pub"))
 	} else {
-		gw = daemonSSH(cl)
+		var answered bool
+		gw, answered = daemonSSH(cl)
+		if gw == nil && answered && *port == 0 && *host == "" && os.Getenv("DEN_SSH_HOST") == "" {
+			// ssh would only say "Connection refused".
+			return errors.New("the daemon's SSH gateway is off: start the daemon with it, like den serve --ssh 127.0.0.1:2222 (and authorise your key with den ssh-key add), or pass --port and --ssh-host for a gateway the daemon does not report")
+		}
 		if gw != nil {
 			pub = []byte(gw.HostKey)
 			if _, p, err := net.SplitHostPort(gw.Addr); err == nil && *port == 0 {
@@ -177,16 +185,16 @@ func sshHost(addr string, gw *api.SSHGateway) string {
 	return "127.0.0.1"
 }
 
-// daemonSSH asks the daemon about its SSH gateway; nil when it has none
-// running, or does not say.
-func daemonSSH(cl *client.Client) *api.SSHGateway {
+// daemonSSH asks the daemon about its SSH gateway: nil when it has none
+// running (answered) or could not be asked (not answered).
+func daemonSSH(cl *client.Client) (gw *api.SSHGateway, answered bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	info, err := cl.Info(ctx)
 	if err != nil {
-		return nil
+		return nil, false
 	}
-	return info.SSH
+	return info.SSH, true
 }
 
 // sshKnownHosts returns den's known_hosts file and the host key checking

@@ -181,3 +181,30 @@ func TestSSHInfoRealDaemon(t *testing.T) {
 		t.Errorf("known_hosts %q", known)
 	}
 }
+
+// With the daemon's gateway off, den ssh says so and how to turn it on
+// instead of running ssh into "Connection refused"; a port given by hand
+// still names a gateway of one's own.
+func TestSSHGatewayOff(t *testing.T) {
+	d := newDaemon(t)
+	if info, err := d.c.Info(context.Background()); err != nil || info.SSH != nil {
+		t.Fatalf("den info without --ssh: %+v %v, want no gateway", info, err)
+	}
+	cfg := t.TempDir()
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(e2e.DenBinary(t), args...)
+		cmd.Env = []string{"DEN_TEST_RUN_DEN=1", "DEN_HOST=" + d.addr, "DEN_TOKEN=" + d.token, "HOME=" + cfg, "XDG_CONFIG_HOME=" + cfg, "PATH=/usr/bin:/bin"}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	// The control: with a port given, den builds the ssh command.
+	if out, err := run("ssh", "--print", "-p", "2222", "web"); err != nil || !strings.HasPrefix(out, "ssh -p 2222 ") {
+		t.Fatalf("den ssh --print -p 2222 web: %q %v", out, err)
+	}
+	for _, args := range [][]string{{"ssh", "web"}, {"ssh", "--print", "web"}} {
+		out, err := run(args...)
+		if err == nil || !strings.Contains(out, "SSH gateway is off") || !strings.Contains(out, "den serve --ssh") || strings.Contains(out, "refused") {
+			t.Errorf("den %q with the gateway off: %q %v, want it to say the gateway is off and how to turn it on", args, out, err)
+		}
+	}
+}

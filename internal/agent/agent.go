@@ -42,7 +42,6 @@ type Agent struct {
 	opts   Options
 	launch *launcher
 	mu     sync.Mutex
-	procs  map[string]*Process
 	order  []*Process // in start order, for listing and retention
 
 	sessions map[string]*session
@@ -69,7 +68,7 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{opts: opts, launch: l, procs: map[string]*Process{}, sessions: map[string]*session{}}, nil
+	return &Agent{opts: opts, launch: l, sessions: map[string]*session{}}, nil
 }
 
 func (a *Agent) hostname() string {
@@ -444,7 +443,18 @@ func (a *Agent) handleUpload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := extractTar(r.Body, p); err != nil {
+	// ?owner=USER (as lookupUser takes it; "" is root): every entry
+	// belongs to that user; without it entries keep the archive's owners.
+	var owner *user
+	if spec, ok := r.URL.Query()["owner"]; ok {
+		u, err := lookupUser(spec[0], "")
+		if err != nil {
+			WriteError(w, err)
+			return
+		}
+		owner = u
+	}
+	if err := extractTar(r.Body, p, owner); err != nil {
 		WriteError(w, err)
 		return
 	}
@@ -459,8 +469,8 @@ func (a *Agent) handleHostname(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
-	if err := syscall.Sethostname([]byte(req.Hostname)); err != nil {
-		WriteError(w, api.Errorf(api.KindInvalid, "sethostname: %v", err))
+	if err := SetHostname(req.Hostname, "/"); err != nil {
+		WriteError(w, api.Errorf(api.KindInvalid, "%v", err))
 		return
 	}
 	w.WriteHeader(204)

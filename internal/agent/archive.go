@@ -79,15 +79,20 @@ func writeTar(w io.Writer, p string) error {
 
 // ExtractTar unpacks a tar stream into dir with the same guarantees as the
 // agent's archive upload; the daemon uses it for build contexts.
-func ExtractTar(r io.Reader, dir string) error { return extractTar(r, dir) }
+func ExtractTar(r io.Reader, dir string) error { return extractTar(r, dir, nil) }
 
 // extractTar unpacks a tar stream into dir (created if missing). Every entry
 // is created through an os.Root at dir, so no name, symlink or hardlink in
 // the archive can reach outside dir; entries with absolute names or ".."
-// are refused.
-func extractTar(r io.Reader, dir string) error {
+// are refused. Entries keep the archive's uid/gid, or with owner belong
+// to owner (and so does dir when this creates it).
+func extractTar(r io.Reader, dir string, owner *user) error {
+	_, statErr := os.Lstat(dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fileError(err)
+	}
+	if owner != nil && errors.Is(statErr, fs.ErrNotExist) {
+		os.Lchown(dir, int(owner.uid), int(owner.gid))
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -160,7 +165,9 @@ func extractTar(r io.Reader, dir string) error {
 		default:
 			continue // devices and fifos are not created
 		}
-		if hdr.Uid >= 0 && hdr.Uid <= 65535 && hdr.Gid >= 0 && hdr.Gid <= 65535 {
+		if owner != nil {
+			root.Lchown(name, int(owner.uid), int(owner.gid))
+		} else if hdr.Uid >= 0 && hdr.Uid <= 65535 && hdr.Gid >= 0 && hdr.Gid <= 65535 {
 			root.Lchown(name, hdr.Uid, hdr.Gid)
 		}
 		if hdr.Typeflag != tar.TypeSymlink && hdr.Typeflag != tar.TypeDir {

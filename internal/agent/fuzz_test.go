@@ -25,7 +25,7 @@ func FuzzExtractTar(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		j := fuzztest.NewJail(t, "dest", false)
-		extractTar(bytes.NewReader(data), j.Dest)
+		extractTar(bytes.NewReader(data), j.Dest, nil)
 		j.Check(t)
 	})
 }

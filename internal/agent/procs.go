@@ -23,7 +23,6 @@ const MaxFinished = 256
 func (a *Agent) track(p *Process) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.procs[p.ID] = p
 	a.order = append(a.order, p)
 	finished := 0
 	for _, q := range a.order {
@@ -37,13 +36,17 @@ func (a *Agent) track(p *Process) {
 	kept := a.order[:0]
 	for _, q := range a.order {
 		if finished > MaxFinished && isDone(q) {
-			delete(a.procs, q.ID)
 			finished--
 			continue
 		}
 		kept = append(kept, q)
 	}
 	a.order = kept
+}
+
+// live reports whether p runs, or is a service that will run again.
+func live(p *Process) bool {
+	return !isDone(p) || p.service != nil && !p.service.isStopped()
 }
 
 func isDone(p *Process) bool {
@@ -56,11 +59,18 @@ func isDone(p *Process) bool {
 }
 
 func (a *Agent) proc(w http.ResponseWriter, r *http.Request) *Process {
+	ref := r.PathValue("id")
+	var p *Process
 	a.mu.Lock()
-	p := a.procs[r.PathValue("id")]
+	if i := ResolveProc(ref, len(a.order), func(i int) (string, string, bool) {
+		q := a.order[i]
+		return q.ID, q.name, live(q)
+	}); i >= 0 {
+		p = a.order[i]
+	}
 	a.mu.Unlock()
 	if p == nil {
-		WriteError(w, api.Errorf(api.KindNotFound, "no process %q in this sandbox (finished processes are kept until %d newer ones finish)", r.PathValue("id"), MaxFinished))
+		WriteError(w, api.Errorf(api.KindNotFound, "no process %q in this sandbox: name one by its id (p12) or its --name, see den ps (finished processes are kept until %d newer ones finish)", ref, MaxFinished))
 	}
 	return p
 }
@@ -81,13 +91,13 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if spec.Name != "" {
-		if !validSessionName(spec.Name) {
-			WriteError(w, api.FieldError("name", "%q: use 1-64 letters, digits, '-', '_' or '.'", spec.Name))
+		if !ValidProcName(spec.Name) {
+			WriteError(w, api.FieldError("name", "%q: use 1-64 letters, digits, '-', '_' or '.', not shaped like a process id (p12)", spec.Name))
 			return
 		}
 		a.mu.Lock()
 		for _, q := range a.order {
-			if q.name == spec.Name && (!isDone(q) || q.service != nil && !q.service.isStopped()) {
+			if q.name == spec.Name && live(q) {
 				a.mu.Unlock()
 				WriteError(w, api.Errorf(api.KindExists, "a process named %q is running (%s)", spec.Name, q.ID))
 				return

@@ -15,7 +15,7 @@ const (
 	PathRename   = "/files/rename" // POST api.RenameRequest
 	PathGlob     = "/files/glob"   // GET ?pattern=
 	PathGrep     = "/files/grep"   // GET ?pattern=
-	PathArchive  = "/archive"      // GET, PUT ?path=: a tar of a tree, or one to unpack
+	PathArchive  = "/archive"      // GET, PUT ?path=[&owner=USER]: a tar of a tree, or one to unpack (owned by USER, else as archived)
 	PathHostname = "/hostname"     // POST {"hostname"}
 	PathLimits   = "/limits"       // POST {"pids"}: limits the agent enforces itself
 	PathSessions = "/sessions"     // GET: the shell sessions; DELETE SessionPath(name)

@@ -80,7 +80,6 @@ func (a *Agent) supervise(svc *service, p *Process) {
 func (a *Agent) replace(p *Process) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.procs[p.ID] = p
 	for i, q := range a.order {
 		if q.ID == p.ID {
 			a.order[i] = p

@@ -147,7 +147,7 @@ func MaskPaths(root string) error {
 // makeDev at dst), pts, shm, mqueue and the standard links plus links;
 // then it masks what a box must not reach (MaskPaths). The linux tier binds
 // the host's devices, a microVM's guest makes its own.
-func MountSystem(root string, makeDev func(dst, name string) error, links map[string]string) error {
+func MountSystem(root string, shmSize int64, makeDev func(dst, name string) error, links map[string]string) error {
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	mkdir := func(rel string, mode os.FileMode) error {
 		if err := os.MkdirAll(p(rel), mode); err != nil {
@@ -183,7 +183,7 @@ func MountSystem(root string, makeDev func(dst, name string) error, links map[st
 	if err := unix.Mount("devpts", p("/dev/pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
 		return fmt.Errorf("mount /dev/pts: %w", err)
 	}
-	if err := unix.Mount("shm", p("/dev/shm"), "tmpfs", nosuidnodev|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
+	if err := unix.Mount("shm", p("/dev/shm"), "tmpfs", nosuidnodev|unix.MS_NOEXEC, ShmOptions(shmSize)); err != nil {
 		return fmt.Errorf("mount /dev/shm: %w", err)
 	}
 	if err := unix.Mount("mqueue", p("/dev/mqueue"), "mqueue", nosuidnodev|unix.MS_NOEXEC, ""); err != nil {
@@ -202,4 +202,17 @@ func MountSystem(root string, makeDev func(dst, name string) error, links map[st
 		}
 	}
 	return MaskPaths(root)
+}
+
+// DefaultShmSize is the size of a sandbox's /dev/shm unless it asks for
+// another (Docker's default too).
+const DefaultShmSize = 64 << 20
+
+// ShmOptions are the tmpfs options of a /dev/shm of size bytes (0: the
+// default), in KiB rounded up as tmpfs rounds to pages anyway.
+func ShmOptions(size int64) string {
+	if size <= 0 {
+		size = DefaultShmSize
+	}
+	return fmt.Sprintf("mode=1777,size=%dk", (size+1023)/1024)
 }

@@ -47,6 +47,8 @@ type Spec struct {
 	// Mounts are volumes and host directories mounted into the box after
 	// its layers, in order (so a later one may sit inside an earlier one).
 	Mounts []Mount
+	// ShmSize is the size of the box's /dev/shm in bytes (0: 64 MiB).
+	ShmSize int64
 }
 
 // Mount puts a host directory into a box.

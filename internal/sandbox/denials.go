@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/agent"
 	"github.com/den-dev/den/internal/egress"
 )
 
@@ -138,18 +139,5 @@ func processIs(process, proc string) bool {
 		return true
 	}
 	id, _, ok := strings.Cut(process, " (")
-	return !ok || !isAgentProcID(id)
-}
-
-// isAgentProcID reports whether s is an agent process id: "p" and digits.
-func isAgentProcID(s string) bool {
-	if len(s) < 2 || s[0] != 'p' {
-		return false
-	}
-	for _, c := range s[1:] {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
+	return !ok || !agent.IsProcID(id)
 }

@@ -246,7 +246,8 @@ type service struct {
 	Proc string          `json:"proc"` // its process id in the current run of the sandbox
 }
 
-// ProcessKilled forgets a service killed through the API.
+// ProcessKilled forgets a service killed through the API; proc is the
+// process's id or name (names never look like ids, see agent.ResolveProc).
 func (m *Manager) ProcessKilled(ctx context.Context, id, proc string) {
 	rec, err := m.get(ctx, id)
 	if err != nil {
@@ -259,7 +260,7 @@ func (m *Manager) ProcessKilled(ctx context.Context, id, proc string) {
 	}
 	kept := rec.Services[:0]
 	for _, s := range rec.Services {
-		if s.Proc != proc {
+		if s.Proc != proc && s.Req.Name != proc {
 			kept = append(kept, s)
 		}
 	}

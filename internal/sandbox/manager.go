@@ -477,6 +477,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 	if err := sc.applyCaps(&req.Limits); err != nil {
 		return nil, err
 	}
+	if err := checkShmSize(req.ShmSize, m.limits(req.Limits).Memory); err != nil {
+		return nil, err
+	}
 	if len(req.Mounts) > 0 && !sc.IsAdmin() {
 		return nil, api.FieldError("mounts", "host directories are mounted for the admin only: use a volume (den volume create)")
 	}
@@ -515,7 +518,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	defer admitted()
-	if img.Name == HostImage && rt == m.rt && snap == nil && req.Limits.Disk == 0 && len(req.Volumes) == 0 && len(req.Mounts) == 0 && (req.Network == nil || !networked(*req.Network)) {
+	if img.Name == HostImage && rt == m.rt && snap == nil && req.Limits.Disk == 0 && req.ShmSize == 0 && len(req.Volumes) == 0 && len(req.Mounts) == 0 && (req.Network == nil || !networked(*req.Network)) {
 		if sb, err, ok := m.claim(ctx, &req); ok {
 			return sb, err
 		}
@@ -585,7 +588,7 @@ func (m *Manager) spec(ctx context.Context, rec *record) (*isolate.Spec, error) 
 	}
 	return &isolate.Spec{
 		ID: rec.ID, Hostname: rec.Hostname, Dir: filepath.Join(m.sandboxesDir(), rec.ID),
-		Layers: layers, UIDBase: rec.UIDBase, Mounts: mounts,
+		Layers: layers, UIDBase: rec.UIDBase, Mounts: mounts, ShmSize: int64(rec.ShmSize),
 		Net: networked(rec.Network) && m.cfg.Egress != nil, NetSlot: slotOf(rec.UIDBase),
 		NetBandwidth: int64(rec.Network.Bandwidth),
 		Limits:       isolate.Limits{CPUs: rec.Limits.CPUs, Memory: int64(rec.Limits.Memory), Pids: rec.Limits.Pids, Disk: int64(rec.Limits.Disk)},
@@ -970,7 +973,7 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest, owner string
 	rec.Name, rec.Labels, rec.Env, rec.Workdir, rec.User = req.Name, req.Labels, req.Env, req.Workdir, req.User
 	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
 	rec.IdleTimeout, rec.IdleAction = req.IdleTimeout, req.IdleAction
-	rec.Volumes, rec.Mounts = req.Volumes, req.Mounts
+	rec.Volumes, rec.Mounts, rec.ShmSize = req.Volumes, req.Mounts, req.ShmSize
 	rec.Network = api.NetworkPolicy{Mode: api.NetNone}
 	if req.Network != nil {
 		rec.Network = *req.Network

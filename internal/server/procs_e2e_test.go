@@ -317,8 +317,8 @@ func TestServices(t *testing.T) {
 	if out, _, _, _ := logs(t, b); strings.Count(out, "run\n") < 4 {
 		t.Fatalf("logs across restarts: %q", out)
 	}
-	// Killing a service through the API is final.
-	if status, _ := e.raw(t, "POST", base+"/"+crash.ID+"/kill", nil); status != 204 {
+	// Killing a service through the API is final, by name as by id.
+	if status, _ := e.raw(t, "POST", base+"/crashy/kill", nil); status != 204 {
 		t.Fatalf("kill service: %d", status)
 	}
 	n := get(crash.ID).Restarts

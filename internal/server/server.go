@@ -123,7 +123,7 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes/{id}/files/mkdir", s.proxyJSON(agent.PathMkdir, func() any { return new(api.MkdirRequest) }))
 	h("POST /v1/sandboxes/{id}/files/rename", s.proxyJSON(agent.PathRename, func() any { return new(api.RenameRequest) }))
 	h("GET /v1/sandboxes/{id}/archive", s.proxy("GET", agent.PathArchive, true))
-	h("PUT /v1/sandboxes/{id}/archive", s.proxy("PUT", agent.PathArchive, true))
+	h("PUT /v1/sandboxes/{id}/archive", s.upload)
 	h("POST /v1/sandboxes/{id}/processes", s.startProcess)
 	h("GET /v1/sandboxes/{id}/processes", s.procProxy("GET", ""))
 	h("GET /v1/sandboxes/{id}/processes/{proc}", s.procProxy("GET", ""))
@@ -372,6 +372,34 @@ func (s *Server) proxy(method, path string, needPath bool) http.HandlerFunc {
 	}
 }
 
+// upload unpacks a tar into the sandbox. Its files belong to the
+// sandbox's user (its default user, root without one), as an agent
+// working there as that user expects; ?keep_owners=true keeps the
+// archive's uid/gid instead (den cp -a).
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		writeError(w, api.FieldError("path", "missing: add ?path=/some/dir"))
+		return
+	}
+	keep, err := boolParam(r, "keep_owners")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	q := url.Values{"path": {p}}
+	// The owner is the sandbox's, known once forwardTo has looked it up
+	// (and before it sends q to the agent).
+	agentOf := func(ctx context.Context, id string) (*agent.Client, *api.Sandbox, error) {
+		ag, sb, err := s.m.Agent(ctx, id)
+		if err == nil && !keep {
+			q.Set("owner", sb.User)
+		}
+		return ag, sb, err
+	}
+	s.forwardTo(w, r, agentOf, "PUT", agent.PathArchive, q, r.Body)
+}
+
 func (s *Server) proxyJSON(path string, newReq func() any) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req := newReq()
@@ -446,25 +474,12 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 201, info)
 }
 
-// validProcID reports whether p looks like an agent process id ("p12").
-func validProcID(p string) bool {
-	if len(p) < 2 || len(p) > 20 || p[0] != 'p' {
-		return false
-	}
-	for _, c := range p[1:] {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
-
 // procProxy forwards a process request to the agent's /procs/{proc}{suffix}.
 func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		path := agent.PathProcs
 		if p := r.PathValue("proc"); p != "" {
-			if !validProcID(p) {
+			if !agent.ValidProcRef(p) {
 				writeError(w, noProcess(p))
 				return
 			}
@@ -548,17 +563,17 @@ func writeSleepingProcs(w http.ResponseWriter, list []api.ProcessInfo, proc stri
 		writeJSON(w, 200, list)
 		return
 	}
-	for _, p := range list {
-		if p.ID == proc {
-			writeJSON(w, 200, p)
-			return
-		}
+	if i := agent.ResolveProc(proc, len(list), func(i int) (string, string, bool) {
+		return list[i].ID, list[i].Name, list[i].State == api.ProcRunning
+	}); i >= 0 {
+		writeJSON(w, 200, list[i])
+		return
 	}
 	writeError(w, noProcess(proc))
 }
 
 func noProcess(p string) error {
-	return api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", p)
+	return api.Errorf(api.KindNotFound, "no process %q: name a process by its id (p12) or the --name it was started with (see den ps)", p)
 }
 
 func (s *Server) images(w http.ResponseWriter, r *http.Request) {

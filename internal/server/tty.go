@@ -16,8 +16,8 @@ import (
 // side end at most this one connection.
 func (s *Server) tty(w http.ResponseWriter, r *http.Request) {
 	proc := r.PathValue("proc")
-	if !validProcID(proc) {
-		writeError(w, api.Errorf(api.KindNotFound, "no process %q: process ids look like p12 (see den ps)", proc))
+	if !agent.ValidProcRef(proc) {
+		writeError(w, noProcess(proc))
 		return
 	}
 	ag, _, err := s.m.Agent(r.Context(), r.PathValue("id"))

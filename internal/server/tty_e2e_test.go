@@ -126,3 +126,40 @@ func TestInteractiveTTY(t *testing.T) {
 		t.Fatalf("tty of unknown process: %d", status)
 	}
 }
+
+// The terminal route takes a process's name as the other process routes
+// do, and a paused sandbox's process list (kept while it sleeps) answers
+// to names too.
+func TestProcessNameTTYAndAsleep(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(t, api.CreateRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, _ := json.Marshal(api.ExecRequest{Cmd: []string{"/bin/sh"}, TTY: true, Rows: 24, Cols: 80, Env: []string{"PS1=den$ "}, Name: "term"})
+	status, out := e.raw(t, "POST", "/v1/sandboxes/"+sb.ID+"/processes", bytes.NewReader(b))
+	var p api.ProcessInfo
+	if status != 201 || json.Unmarshal(out, &p) != nil {
+		t.Fatalf("start tty: %d %s", status, out)
+	}
+	if _, err := e.c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	var got api.ProcessInfo
+	if status, out := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/processes/term", nil); status != 200 || json.Unmarshal(out, &got) != nil || got.ID != p.ID {
+		t.Fatalf("GET processes/term while paused: %d %s, want %s", status, out, p.ID)
+	}
+	if status, out := e.raw(t, "GET", "/v1/sandboxes/"+sb.ID+"/processes/nosuch", nil); status != 404 || !strings.Contains(string(out), "--name") {
+		t.Fatalf("GET processes/nosuch while paused: %d %s", status, out)
+	}
+	if sb2, err := e.c.Get(ctx, sb.ID); err != nil || sb2.State != api.StatePaused {
+		t.Fatalf("the lookups woke the sandbox: %+v %v", sb2, err)
+	}
+	if _, err := e.c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	c := e.dialTTY(t, ctx, sb.ID, "term")
+	s := &screen{c: c}
+	c.Write(ctx, websocket.MessageBinary, []byte("echo by-$((40+2))\n"))
+	s.waitFor(t, ctx, "by-42")
+	c.Close(websocket.StatusNormalClosure, "")
+}

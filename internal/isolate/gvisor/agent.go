@@ -57,6 +57,12 @@ func AgentMain() {
 		fmt.Fprintf(os.Stderr, "den agent: %v\n", err)
 		os.Exit(1)
 	}
+	// runsc set the hostname from the OCI spec; name it in /etc/hosts.
+	if h, err := os.Hostname(); err == nil {
+		if err := agent.NameInHosts("/", h); err != nil {
+			fmt.Fprintf(os.Stderr, "den agent: name the sandbox in /etc/hosts: %v\n", err)
+		}
+	}
 	a, err := agent.New(agent.Options{Confine: confineLauncher, SetPids: limitProcs})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "den agent: %v\n", err)

@@ -40,8 +40,8 @@ func Init() {
 	if err := setupRoot(cfg); err != nil {
 		fail(err)
 	}
-	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-		fail(fmt.Errorf("sethostname: %w", err))
+	if err := agent.SetHostname(cfg.Hostname, "/"); err != nil {
+		fail(err)
 	}
 	if err := host.LoopbackUp(); err != nil {
 		fail(err)
@@ -85,7 +85,7 @@ func setupRoot(cfg initConfig) error {
 	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind root: %w", err)
 	}
-	if err := host.MountSystem(root, func(dst, name string) error {
+	if err := host.MountSystem(root, cfg.ShmSize, func(dst, name string) error {
 		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o666)
 		if err != nil {
 			return err

@@ -221,6 +221,7 @@ func (b *box) SetLimits(l isolate.Limits) error { return b.rt.cg.SetLimits(b.spe
 type initConfig struct {
 	Rootfs   string `json:"rootfs"`
 	Hostname string `json:"hostname"`
+	ShmSize  int64  `json:"shm_size,omitempty"`
 }
 
 func (r *Runtime) boxRun(id string) string { return filepath.Join(r.runDir, id) }
@@ -334,7 +335,7 @@ func (r *Runtime) Start(ctx context.Context, spec *isolate.Spec) (_ isolate.Box,
 	// the score needs CAP_SYS_RESOURCE, which some hosts withhold even from
 	// root; the agent then relies on its commands' raised scores.
 	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("-1000"), 0)
-	if err := json.NewEncoder(cfgW).Encode(initConfig{Rootfs: rootfs, Hostname: spec.Hostname}); err != nil {
+	if err := json.NewEncoder(cfgW).Encode(initConfig{Rootfs: rootfs, Hostname: spec.Hostname, ShmSize: spec.ShmSize}); err != nil {
 		return nil, fmt.Errorf("send box config: %w", err)
 	}
 	cfgW.Close()

@@ -64,6 +64,7 @@ type guestConfig struct {
 	Disk     string       `json:"d"` // serial of the writable disk
 	Layers   []guestLayer `json:"l"`
 	Net      *guestNet    `json:"n,omitempty"`
+	Shm      int64        `json:"s,omitempty"` // /dev/shm's size (0: the default)
 }
 
 // guestIdentity is what a restored guest is told to become (control
@@ -170,14 +171,14 @@ func initMain() {
 		guestFail(err)
 	}
 	debugf("network up")
-	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
-		guestFail(fmt.Errorf("sethostname: %w", err))
+	if err := agent.SetHostname(cfg.Hostname, guestRoot); err != nil {
+		guestFail(err)
 	}
 	port, err := openPort(agentPort)
 	if err != nil {
 		guestFail(err)
 	}
-	cmd := exec.Command("/init", agentArg)
+	cmd := exec.Command("/init", agentArg, strconv.FormatInt(cfg.Shm, 10))
 	cmd.Args[0] = agentName
 	cmd.Env = []string{"GOGC=50", "GODEBUG=madvdontneed=1", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
@@ -303,8 +304,8 @@ func setClock(arg string) error {
 // addresses with a gratuitous ARP (the bridge learns the MAC's port).
 func applyIdentity(id *guestIdentity) error {
 	if id.Hostname != "" {
-		if err := unix.Sethostname([]byte(id.Hostname)); err != nil {
-			return fmt.Errorf("sethostname: %w", err)
+		if err := agent.SetHostname(id.Hostname, guestRoot); err != nil {
+			return err
 		}
 	}
 	if id.Net == nil {
@@ -622,7 +623,11 @@ func agentMain() {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		fail(fmt.Errorf("make mounts private: %w", err))
 	}
-	if err := boxMounts(guestRoot); err != nil {
+	var shm int64
+	if len(os.Args) > 2 {
+		shm, _ = strconv.ParseInt(os.Args[2], 10, 64)
+	}
+	if err := boxMounts(guestRoot, shm); err != nil {
 		fail(err)
 	}
 	// The initramfs cannot be pivoted away from: move the root over it
@@ -650,11 +655,11 @@ func agentMain() {
 // boxMounts gives the root its /proc (of the agent's pid namespace),
 // /sys, and a /dev with the usual nodes, /dev/pts, /dev/shm and
 // /dev/mqueue; /tmp is a directory of the root.
-func boxMounts(root string) error {
+func boxMounts(root string, shmSize int64) error {
 	// The guest's kernel interfaces are hidden as on the linux tier
 	// (MountSystem masks them): a command must not crash or reboot the
 	// guest through sysrq, or read its kernel's memory.
-	return host.MountSystem(root, func(dst, name string) error {
+	return host.MountSystem(root, shmSize, func(dst, name string) error {
 		if err := unix.Mknod(dst, unix.S_IFCHR|0o666, int(unix.Mkdev(guestDevices[name][0], guestDevices[name][1]))); err != nil {
 			return err
 		}

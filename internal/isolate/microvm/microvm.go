@@ -249,7 +249,7 @@ func (r *Runtime) prepare(spec *isolate.Spec) (vmConfig, *guestConfig, error) {
 	if err := r.ensureDisk(spec.Dir, r.diskSize(spec.Limits)); err != nil {
 		return vm, nil, err
 	}
-	gc := &guestConfig{Hostname: spec.Hostname, Disk: "rw"}
+	gc := &guestConfig{Hostname: spec.Hostname, Disk: "rw", Shm: spec.ShmSize}
 	index := map[string]string{}
 	for _, l := range spec.Layers {
 		gl := guestLayer{Target: l.Target, Name: l.Name}
