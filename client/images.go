@@ -197,6 +197,12 @@ type BuildOptions struct {
 	// "bookworm") with mmdebstrap instead of building a Dockerfile; the
 	// build context is then not used.
 	Debian string
+	// Network is the RUN steps' network: "none" (or "", the default),
+	// "allow" (only the Allow domains and AllowCIDR ranges, through den's
+	// egress policy, as a sandbox's) or "open" (any public address).
+	Network   string
+	Allow     []string
+	AllowCIDR []string
 }
 
 // BuildImage builds an image from a Dockerfile: contextTar is a tar of the
@@ -225,6 +231,15 @@ func (c *Client) BuildImage(ctx context.Context, contextTar io.Reader, opts Buil
 	}
 	if opts.Timeout > 0 {
 		q.Set("timeout", opts.Timeout.String())
+	}
+	if opts.Network != "" {
+		q.Set("network", opts.Network)
+	}
+	for _, a := range opts.Allow {
+		q.Add("allow", a)
+	}
+	for _, c := range opts.AllowCIDR {
+		q.Add("allow-cidr", c)
 	}
 	r := &request{method: http.MethodPost, path: "/v1/images/build", query: q, accept: "application/x-ndjson"}
 	if opts.Debian != "" {

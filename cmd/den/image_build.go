@@ -33,10 +33,21 @@ of the daemon (den image pull it first) or "host". The build output goes to
 standard output, then the image's name and id. A failed step exits 1 with
 the daemon's message, which names the Dockerfile line.
 
+RUN steps have no network unless asked, as with docker build --network none:
+--network allow lets them reach only the --allow domains and --allow-cidr
+ranges (through den's egress proxy and DNS, as a sandbox of den create
+--allow does), --network open any public address. --allow or --allow-cidr
+alone implies --network allow. COPY, ADD and WORKDIR never have network. A
+RUN that fails a name lookup without network says so and names the flag
+that grants it; one refused by --network allow names what was refused.
+A step's cache key takes the network mode (as BuildKit's does), not the
+allow lists.
+
 --debian SUITE (and no DIR) makes a minimal Debian image instead, with
 mmdebstrap on the daemon's host from its Debian mirror.`,
 	example: `den image build -t app .
 		den image build -f docker/Dockerfile.dev -t app:dev --build-arg GO_VERSION=1.26 .
+		den image build --network allow --allow deb.debian.org --allow '*.pypi.org' -t app .
 		den image build --debian bookworm -t debian:bookworm`,
 	run: cmdImageBuild,
 }
@@ -50,6 +61,10 @@ func cmdImageBuild(c *cli, v *verb, args []string) error {
 	noCache := f.Bool("no-cache", "", "run every step again instead of using the step cache")
 	var timeout api.Duration
 	f.Var(durationValue{&timeout}, "timeout", "", "DURATION", "give up the build after this long, like 30m (default: the daemon's)")
+	no := netOpts{modeFlag: "--network", fixed: true}
+	f.Var(modeValue{&no.mode}, "network", "", "MODE", "RUN steps' network: none (the default), allow (only the --allow domains and --allow-cidr ranges) or open (any public address)")
+	f.Var(listValue{&no.allow, checkDomain}, "allow", "", "DOMAIN", "let RUN steps reach a domain: example.com, or *.example.com for its subdomains (repeatable; implies --network allow)")
+	f.Var(listValue{&no.allowCIDR, checkCIDR}, "allow-cidr", "", "CIDR", "let RUN steps reach an address range like 203.0.113.0/24, or an address (repeatable; implies --network allow)")
 	debian := f.String("debian", "", "SUITE", "make a minimal Debian image of SUITE (like bookworm) instead; no DIR")
 	quiet := f.Bool("quiet", "q", "print no build output, only the image's name")
 	jsonOut := f.jsonFlag("print the image as JSON (the build output goes to standard error)")
@@ -60,7 +75,14 @@ func cmdImageBuild(c *cli, v *verb, args []string) error {
 	if *tag == "" {
 		return usagef(v, "image build needs a name for the image (-t NAME)")
 	}
+	pol, err := no.policy(v, c.stderr)
+	if err != nil {
+		return err
+	}
 	opts := client.BuildOptions{Tag: *tag, BuildArgs: labelMap(buildArgs), NoCache: *noCache, Timeout: timeout.D(), Debian: *debian}
+	if pol != nil {
+		opts.Network, opts.Allow, opts.AllowCIDR = pol.Mode, pol.Allow, pol.AllowCIDR
+	}
 	var out io.Writer = c.stdout
 	switch {
 	case *quiet:
@@ -76,8 +98,8 @@ func cmdImageBuild(c *cli, v *verb, args []string) error {
 		if len(pos) != 0 {
 			return usagef(v, "image build --debian takes no DIR")
 		}
-		if *file != "" || len(buildArgs) > 0 {
-			return usagef(v, "image build --debian takes no Dockerfile (-f) or --build-arg")
+		if *file != "" || len(buildArgs) > 0 || pol != nil {
+			return usagef(v, "image build --debian takes no Dockerfile (-f), --build-arg or --network")
 		}
 		img, err = cl.BuildImage(ctx, nil, opts, out)
 	case len(pos) != 1:

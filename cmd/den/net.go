@@ -94,6 +94,8 @@ type netOpts struct {
 	secretHeaders          []api.SecretHeader
 	connRate               float64
 	maxEgress, bandwidth   api.Size
+	modeFlag               string // the mode flag's name in errors: --net unless set
+	fixed                  bool   // the policy cannot be changed later (a build's): allow needs a list
 }
 
 func (o *netOpts) define(f *flagSet) {
@@ -150,19 +152,25 @@ func (o *netOpts) policy(v *verb, stderr io.Writer) (*api.NetworkPolicy, error) 
 	p := &api.NetworkPolicy{Mode: o.mode, Allow: o.allow, Deny: o.deny, AllowCIDR: o.allowCIDR,
 		ConnRate: o.connRate, MaxEgress: o.maxEgress, Bandwidth: o.bandwidth, SecretHeaders: o.secretHeaders}
 	lists := len(o.allow) > 0 || len(o.allowCIDR) > 0
+	mf := o.modeFlag
+	if mf == "" {
+		mf = "--net"
+	}
 	switch {
 	case p.Mode == "" && lists:
 		p.Mode = api.NetAllow
 	case p.Mode == "" && len(o.deny) > 0:
-		return nil, usagef(v, "--deny alone leaves the sandbox without network: add --net open or --allow DOMAIN")
+		return nil, usagef(v, "--deny alone leaves the sandbox without network: add %s open or --allow DOMAIN", mf)
 	case p.Mode == "":
-		return nil, usagef(v, "%s alone leaves the sandbox without network: add --net open or --allow DOMAIN", o.extraFlag())
+		return nil, usagef(v, "%s alone leaves the sandbox without network: add %s open or --allow DOMAIN", o.extraFlag(), mf)
 	case p.Mode == api.NetNone && lists:
-		return nil, usagef(v, "%s does not go with --net none (loopback only)", o.listFlag())
+		return nil, usagef(v, "%s does not go with %s none (loopback only)", o.listFlag(), mf)
 	case p.Mode == api.NetNone && o.extraFlag() != "":
-		return nil, usagef(v, "%s does not go with --net none (loopback only)", o.extraFlag())
+		return nil, usagef(v, "%s does not go with %s none (loopback only)", o.extraFlag(), mf)
 	case p.Mode == api.NetOpen && len(o.allow) > 0:
-		return nil, usagef(v, "--allow does not go with --net open, which allows every public domain (--deny refuses some)")
+		return nil, usagef(v, "--allow does not go with %s open, which allows every public domain (--deny refuses some)", mf)
+	case p.Mode == api.NetAllow && !lists && o.fixed:
+		return nil, usagef(v, "%s allow needs --allow DOMAIN or --allow-cidr CIDR: it allows only those (%s open allows every public address)", mf, mf)
 	}
 	for _, h := range o.secretHeaders {
 		if !secretRef.MatchString(h.Value) {

@@ -30,6 +30,10 @@ type BuildRequest struct {
 	BuildArgs  map[string]string // ARG values
 	NoCache    bool
 	Timeout    time.Duration // for the whole build; RUN steps are killed when it ends
+	// Network is the RUN steps' egress policy: its mode (none when unset),
+	// allow names and allow_cidr ranges. COPY, ADD and WORKDIR steps never
+	// have network.
+	Network api.NetworkPolicy
 }
 
 // checkBuildTag checks a build's ?t=: a name an image may be stored under,
@@ -58,6 +62,9 @@ const DefaultBuildTimeout = 30 * time.Minute
 // digest of the files they take. Progress goes to out as lines.
 func (m *Manager) Build(ctx context.Context, req BuildRequest, out io.Writer) (*api.Image, error) {
 	if err := checkBuildTag(req.Tag); err != nil {
+		return nil, err
+	}
+	if err := m.checkBuildNetwork(ctx, &req.Network); err != nil {
 		return nil, err
 	}
 	if req.Timeout <= 0 {
@@ -216,6 +223,12 @@ func (m *Manager) layerStep(ctx context.Context, req BuildRequest, cur *api.Imag
 		}
 		inputs = d
 	}
+	if ins.Cmd == "RUN" && networked(req.Network) {
+		// As BuildKit keys an exec by its network mode (and not by its
+		// proxy settings), a RUN with network is keyed by the mode, not
+		// the allow lists; one without keeps the key it always had.
+		inputs = "network " + req.Network.Mode
+	}
 	key := build.CacheKey(cur.ID, ins, inputs)
 	cacheName := cachePrefix + key[:32]
 	if o := ScopeFrom(ctx).owner(); o != "" {
@@ -240,7 +253,11 @@ func (m *Manager) layerStep(ctx context.Context, req BuildRequest, cur *api.Imag
 		}
 		parent = &p
 	}
-	sb, err := m.Create(ctx, api.CreateRequest{Image: parent.Name, Labels: map[string]string{"den.build": req.Tag}})
+	creq := api.CreateRequest{Image: parent.Name, Labels: map[string]string{"den.build": req.Tag}}
+	if ins.Cmd == "RUN" && networked(req.Network) {
+		creq.Network = &req.Network
+	}
+	sb, err := m.Create(ctx, creq)
 	if err != nil {
 		return nil, fmt.Errorf("Dockerfile line %d: start a build sandbox: %w", ins.Line, err)
 	}
@@ -251,7 +268,7 @@ func (m *Manager) layerStep(ctx context.Context, req BuildRequest, cur *api.Imag
 		if !path.IsAbs(dir) {
 			dir = path.Join(orRoot(cur.Config.Workdir), dir)
 		}
-		if err := m.runStep(ctx, sb.ID, cur, ins, []string{"mkdir", "-p", dir}, "/", "root", out); err != nil {
+		if err := m.runStep(ctx, sb.ID, cur, ins, []string{"mkdir", "-p", dir}, "/", "root", "", out); err != nil {
 			return nil, err
 		}
 		cur = withConfig(cur, func(c *api.ImageConfig) { c.Workdir = dir })
@@ -260,7 +277,7 @@ func (m *Manager) layerStep(ctx context.Context, req BuildRequest, cur *api.Imag
 		if ins.Shell {
 			argv = []string{"/bin/sh", "-c", strings.Join(ins.Args, " ")}
 		}
-		if err := m.runStep(ctx, sb.ID, cur, ins, argv, orRoot(cur.Config.Workdir), cur.Config.User, out); err != nil {
+		if err := m.runStep(ctx, sb.ID, cur, ins, argv, orRoot(cur.Config.Workdir), cur.Config.User, req.Network.Mode, out); err != nil {
 			return nil, err
 		}
 	case "COPY", "ADD":
@@ -304,16 +321,19 @@ func (m *Manager) imageChanged(ctx context.Context, cur *api.Image) bool {
 	return imageID(stored) != cur.ID
 }
 
-// runStep runs one RUN (or WORKDIR's mkdir) and fails on a non-zero exit.
-func (m *Manager) runStep(ctx context.Context, id string, cur *api.Image, ins *build.Instruction, argv []string, dir, user string, out io.Writer) error {
+// runStep runs one RUN (or WORKDIR's mkdir) and fails on a non-zero exit;
+// netMode is the step's network mode, for what a failure says about it.
+func (m *Manager) runStep(ctx context.Context, id string, cur *api.Image, ins *build.Instruction, argv []string, dir, user, netMode string, out io.Writer) error {
 	// ARG values reach RUN as environment variables, as with docker build.
 	req := api.ExecRequest{Cmd: argv, Env: append(append([]string{}, ins.BuildArgs...), cur.Config.Env...), Workdir: dir, User: user}
 	if dl, ok := ctx.Deadline(); ok {
 		req.Timeout = api.Duration(time.Until(dl))
 	}
+	var tail stepTail
 	st, err := m.Exec(ctx, id, req, func(typ byte, p []byte) error {
 		if typ == api.FrameStdout || typ == api.FrameStderr {
 			out.Write(p)
+			tail.Write(p)
 		}
 		return nil
 	})
@@ -329,6 +349,11 @@ func (m *Manager) runStep(ctx context.Context, id string, cur *api.Image, ins *b
 			msg = st.Error
 		} else if st.Reason != api.ReasonExited {
 			msg = fmt.Sprintf("ended: %s %s", st.Reason, st.Signal)
+		}
+		if netMode != "" {
+			if hint := buildNetworkHint(netMode, string(tail.buf), st.Denied); hint != "" {
+				msg += ": " + hint
+			}
 		}
 		return api.Errorf(api.KindInvalid, "Dockerfile line %d: %s %s", ins.Line, strings.Join(argv, " "), msg)
 	}
@@ -501,6 +526,9 @@ const MaxBuildContext = 4 << 30
 func (m *Manager) BuildFromTar(ctx context.Context, r io.Reader, req BuildRequest, out io.Writer) (*api.Image, error) {
 	if err := checkBuildTag(req.Tag); err != nil {
 		return nil, err // before reading the context
+	}
+	if err := m.checkBuildNetwork(ctx, &req.Network); err != nil {
+		return nil, err
 	}
 	if err := m.mayAdd(ctx, boundImages); err != nil {
 		return nil, err

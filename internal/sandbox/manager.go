@@ -499,11 +499,8 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (*api.Sandb
 		return nil, err
 	}
 	if req.Network != nil {
-		if _, err := m.policyFor(ctx, sc.owner(), *req.Network); err != nil {
+		if err := m.checkNetwork(ctx, sc.owner(), *req.Network); err != nil {
 			return nil, err
-		}
-		if networked(*req.Network) && m.cfg.Egress == nil {
-			return nil, api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking: network mode %q is not available", req.Network.Mode)
 		}
 	}
 	rt, err := m.tierByName(req.Runtime)

@@ -184,6 +184,18 @@ func (m *Manager) policyFor(ctx context.Context, owner string, p api.NetworkPoli
 	return pol, nil
 }
 
+// checkNetwork checks a policy a new sandbox (or a build's RUN steps) is
+// to have: valid, and networked only where the daemon has networking.
+func (m *Manager) checkNetwork(ctx context.Context, owner string, p api.NetworkPolicy) error {
+	if _, err := m.policyFor(ctx, owner, p); err != nil {
+		return err
+	}
+	if networked(p) && m.cfg.Egress == nil {
+		return api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking: network mode %q is not available", p.Mode)
+	}
+	return nil
+}
+
 func (m *Manager) setNetPolicy(id, owner string, p api.NetworkPolicy) {
 	pol, err := m.policyFor(context.Background(), owner, p)
 	if err != nil || !networked(p) {

@@ -139,6 +139,7 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 	} else {
 		img, err = s.m.BuildFromTar(r.Context(), r.Body, sandbox.BuildRequest{
 			Dockerfile: q.Get("dockerfile"), Tag: tag, BuildArgs: args, NoCache: noCache, Timeout: timeout,
+			Network: api.NetworkPolicy{Mode: q.Get("network"), Allow: q["allow"], AllowCIDR: q["allow-cidr"]},
 		}, out)
 	}
 	switch {
