@@ -355,3 +355,61 @@ func TestImagePrune(t *testing.T) {
 		t.Errorf("log %q", f.log)
 	}
 }
+
+// TestImageBuildNetwork: --network, --allow and --allow-cidr reach the
+// daemon as ?network=, ?allow=, ?allow-cidr=; bad combinations are usage
+// errors naming the flags, and never reach it.
+func TestImageBuildNetwork(t *testing.T) {
+	f := newFakeDaemon(t)
+	dir := mkContext(t, "FROM host\nRUN apt-get update")
+	for _, c := range []struct {
+		args  []string
+		query string
+	}{
+		{[]string{"--network", "allow", "--allow", "deb.debian.org", "--allow", "*.pypi.org", "--allow-cidr", "203.0.113.0/24"},
+			"allow=deb.debian.org&allow=%2A.pypi.org&allow-cidr=203.0.113.0%2F24&network=allow&t=app"},
+		{[]string{"--allow", "deb.debian.org"}, "allow=deb.debian.org&network=allow&t=app"}, // implies allow
+		{[]string{"--network", "open"}, "network=open&t=app"},
+		{[]string{"--network", "none"}, "network=none&t=app"},
+		{nil, "t=app"},
+	} {
+		r := den(t, f, "", append(append([]string{"image", "build", "-t", "app"}, c.args...), dir)...)
+		if r.code != 0 {
+			t.Fatalf("%q: %+v", c.args, r)
+		}
+		if got := f.lastQuery["POST /v1/images/build"]; got != c.query {
+			t.Errorf("%q sent ?%s, want ?%s", c.args, got, c.query)
+		}
+	}
+	n := len(f.builds)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--network", "bogus"}, "want none, allow or open"},
+		{[]string{"--network", "allow"}, "--network allow needs --allow DOMAIN or --allow-cidr CIDR"},
+		{[]string{"--network", "none", "--allow", "x.test"}, "--allow does not go with --network none"},
+		{[]string{"--network", "none", "--allow-cidr", "10.0.0.0/8"}, "--allow-cidr does not go with --network none"},
+		{[]string{"--network", "open", "--allow", "x.test"}, "--allow does not go with --network open"},
+		{[]string{"--allow", "1.2.3.4"}, "use --allow-cidr"},
+		{[]string{"--allow-cidr", "nope"}, "want a CIDR"},
+	} {
+		r := den(t, f, "", append(append([]string{"image", "build", "-t", "app"}, c.args...), dir)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%q: want exit 2 with %q, got %+v", c.args, c.want, r)
+		}
+	}
+	if r := den(t, f, "", "image", "build", "--debian", "bookworm", "-t", "d", "--network", "open"); r.code != 2 || !strings.Contains(r.stderr, "takes no") {
+		t.Errorf("--debian with --network: %+v", r)
+	}
+	if len(f.builds) != n {
+		t.Error("a bad command line reached the daemon")
+	}
+	// The help names the flags.
+	r := den(t, f, "", "image", "build", "-h")
+	for _, flag := range []string{"--network MODE", "--allow DOMAIN", "--allow-cidr CIDR", "--network allow lets them reach"} {
+		if !strings.Contains(r.stdout+r.stderr, flag) {
+			t.Errorf("image build -h lacks %q", flag)
+		}
+	}
+}

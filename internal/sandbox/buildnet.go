@@ -54,7 +54,8 @@ func (t *stepTail) Write(p []byte) (int, error) {
 
 // lookupFailures are what common tools print when a name does not
 // resolve: curl, busybox and GNU wget, apt, glibc's resolver (Python,
-// git...), musl, Go, Node. A group, where there is one, is the name.
+// git...), musl, Go, Node; and a connect that found no network. A group,
+// where there is one, is the name.
 var lookupFailures = []*regexp.Regexp{
 	regexp.MustCompile(`Could not resolve host: ([^\s'"]+)`),
 	regexp.MustCompile(`bad address '([^']+)'`),
@@ -63,10 +64,12 @@ var lookupFailures = []*regexp.Regexp{
 	regexp.MustCompile(`unable to resolve host address '([^']+)'`),
 	regexp.MustCompile(`can't resolve '([^']+)'`),
 	regexp.MustCompile(`getaddrinfo E(?:NOTFOUND|AI_AGAIN) ([^\s'"]+)`),
-	regexp.MustCompile(`lookup ([^\s'"]+)(?: on [^:]+)?: (?:no such host|server misbehaving|.*connection refused)`),
+	regexp.MustCompile(`lookup ([^\s'"]+)(?: on \S+)?: (?:no such host|server misbehaving|.*connection refused)`),
 	regexp.MustCompile(`Temporary failure in name resolution`),
 	regexp.MustCompile(`Name or service not known`),
 	regexp.MustCompile(`no servers could be reached`),
+	regexp.MustCompile(`nslookup: can't connect to remote host`),
+	regexp.MustCompile(`Network is unreachable`),
 	regexp.MustCompile(`Unable to locate package`),
 }
 

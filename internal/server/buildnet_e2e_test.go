@@ -48,6 +48,17 @@ func TestBuildNetwork(t *testing.T) {
 		}
 	}
 
+	// busybox's wget and nslookup, as a small image has them.
+	for _, c := range []struct{ run, want string }{
+		{"busybox wget -q -O- http://other.test/", "--network allow --allow other.test"},
+		{"busybox nslookup other.test", "--network allow --allow NAME"},
+	} {
+		_, berr, out = e.build(t, "t=netbusybox", map[string]string{"Dockerfile": "FROM host\nRUN " + c.run + "\n"})
+		if berr == nil || !strings.Contains(berr.Message, "the build has no network") || !strings.Contains(berr.Message, c.want) {
+			t.Errorf("RUN %s without network: %+v\n%s", c.run, berr, out)
+		}
+	}
+
 	// A step that fails with no lookup in its output gets no hint.
 	_, berr, _ = e.build(t, "t=netfalse", map[string]string{"Dockerfile": "FROM host\nRUN echo plain failure; exit 3\n"})
 	if berr == nil || !strings.Contains(berr.Message, "exited with code 3") || strings.Contains(berr.Message, "network") {
