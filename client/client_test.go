@@ -951,6 +951,12 @@ func TestBuildImage(t *testing.T) {
 		t.Errorf("build with defaults sent ?%s", r.Query)
 	}
 
+	// The RUN steps' network.
+	c.BuildImage(ctx, strings.NewReader("TAR"), BuildOptions{Tag: "app", Network: "allow", Allow: []string{"a.test", "*.b.test"}, AllowCIDR: []string{"203.0.113.0/24"}}, nil)
+	if r := f.last(); r.Query != "allow=a.test&allow=%2A.b.test&allow-cidr=203.0.113.0%2F24&network=allow&t=app" {
+		t.Errorf("build with a network sent ?%s", r.Query)
+	}
+
 	// Debian: no body; a nil output is fine.
 	f.reset(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/x-ndjson")

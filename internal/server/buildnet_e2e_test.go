@@ -99,6 +99,7 @@ func TestBuildNetwork(t *testing.T) {
 		{"network=open&allow=other.test", "do not go with network=open"},
 		{"network=allow&allow-cidr=not-a-cidr", "not a CIDR"},
 		{"network=allow&allow=bad%20name", "allow rule"},
+		{"debian=bookworm&network=open", "takes no network"},
 	} {
 		_, berr, out := e.build(t, "t=netbad&"+c.query, fetch("other.test"))
 		if berr == nil || berr.Kind != api.KindInvalid || !strings.Contains(berr.Message, c.want) || strings.Contains(out, "Step 1") {

@@ -127,6 +127,10 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.KindUnauthorized, "building with ?debian= runs on the host: it is for the admin token only"))
 		return
 	}
+	if q.Get("debian") != "" && (q.Has("network") || q.Has("allow") || q.Has("allow-cidr")) {
+		writeError(w, api.FieldError("network", "a ?debian= build runs mmdebstrap on the host, not RUN steps in sandboxes: it takes no network, allow or allow-cidr"))
+		return
+	}
 	var out io.Writer = io.Discard
 	var n *ndjson
 	if wantsNDJSON(r) {
