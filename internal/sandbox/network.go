@@ -264,14 +264,11 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, p api.NetworkPolicy
 	if err != nil {
 		return nil, err
 	}
-	if _, err := m.policyFor(ctx, rec.Owner, p); err != nil {
+	if err := m.checkNetwork(ctx, rec.Owner, p); err != nil {
 		return nil, err
 	}
 	if p.Mode == "" {
 		p.Mode = api.NetNone
-	}
-	if networked(p) && m.cfg.Egress == nil {
-		return nil, api.Errorf(api.KindUnsupported, "this daemon runs without sandbox networking")
 	}
 	unlock := m.lock(rec.ID)
 	defer unlock()
