@@ -523,7 +523,6 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 			}
 			b, _ := json.Marshal(req)
 			body = bytes.NewReader(b)
-			defer func() { s.m.ProcessKilled(context.WithoutCancel(r.Context()), r.PathValue("id"), r.PathValue("proc")) }()
 		case agent.ProcStdin:
 			if _, err := boolParam(r, "close"); err != nil {
 				writeError(w, err)
