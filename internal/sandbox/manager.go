@@ -717,26 +717,19 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]*api.Sa
 	return out, nil
 }
 
-// Stop kills a sandbox's processes and keeps its files. Idempotent.
+// Stop stops a sandbox's processes (gracefully: see StopWithin) and keeps
+// its files. Idempotent.
 func (m *Manager) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
-	rec, unlock, err := m.lockRecord(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if err := m.stopLocked(ctx, rec); err != nil {
-		return nil, err
-	}
-	return &rec.Sandbox, nil
-}
-
-func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
-	return m.haltLocked(ctx, rec, api.StateStopped)
+	return m.StopWithin(ctx, id, nil)
 }
 
 // haltLocked ends every process of a sandbox, keeps its files and records
-// it in state (stopped or hibernated).
-func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) error {
+// it in state (stopped or hibernated). A running sandbox's processes get
+// its stop signal and up to grace to end before they are killed.
+func (m *Manager) haltLocked(ctx context.Context, rec *record, state string, grace time.Duration) error {
+	if b := m.box(rec.ID); b != nil && grace > 0 && rec.State == api.StateRunning {
+		m.signalStop(ctx, rec, b, grace)
+	}
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
@@ -974,6 +967,7 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest, owner string
 	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
 	rec.IdleTimeout, rec.IdleAction = req.IdleTimeout, req.IdleAction
 	rec.Volumes, rec.Mounts, rec.ShmSize = req.Volumes, req.Mounts, req.ShmSize
+	rec.StopSignal, rec.StopTimeout = req.StopSignal, req.StopTimeout
 	rec.Network = api.NetworkPolicy{Mode: api.NetNone}
 	if req.Network != nil {
 		rec.Network = *req.Network

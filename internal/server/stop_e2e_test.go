@@ -1,0 +1,140 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/den-dev/den/api"
+)
+
+// A stop is graceful, as docker stop's: every process gets the stop
+// signal and the stop timeout to end before it is killed; den rm -f kills
+// at once. The processes trap TERM and write a marker into a host
+// directory bound into the sandbox, so the markers outlive the sandbox.
+func TestGracefulStop(t *testing.T) {
+	host := t.TempDir()
+	os.Chmod(host, 0o777)
+	e := newEnvWith(t, 0, func(e *env) { e.allow = []string{host} })
+	ctx := context.Background()
+	mounts := []api.BindMount{{Source: host, Target: "/out"}}
+
+	// Bad stop settings are refused, naming the field (a negative duration
+	// fails as the body is decoded, naming the value); good ones pass.
+	for _, bad := range []struct {
+		req   api.CreateRequest
+		field string
+	}{
+		{api.CreateRequest{StopSignal: "BOGUS"}, "stop_signal"},
+		{api.CreateRequest{StopTimeout: ptr(api.Duration(-time.Second))}, `"-1s": negative`},
+		{api.CreateRequest{StopTimeout: ptr(api.Duration(time.Hour))}, "stop_timeout"},
+	} {
+		_, err := e.c.Create(ctx, bad.req)
+		if ae := wantKind(t, err, api.KindInvalid); ae.Field != bad.field && !strings.Contains(ae.Message, bad.field) {
+			t.Fatalf("%+v: %q does not name %s", bad.req, ae.Message, bad.field)
+		}
+	}
+	sb := e.create(t, api.CreateRequest{Mounts: mounts, StopSignal: "SIGTERM", StopTimeout: ptr(api.Duration(10 * time.Second))})
+	if sb.StopSignal != "SIGTERM" || sb.StopTimeout == nil || sb.StopTimeout.D() != 10*time.Second {
+		t.Fatalf("stop settings not kept: %q %v", sb.StopSignal, sb.StopTimeout)
+	}
+	for _, v := range []string{"-1s", "1h", "soon"} {
+		status, body := e.raw(t, "POST", "/v1/sandboxes/"+sb.ID+"/stop?timeout="+v, nil)
+		if status != 400 || !strings.Contains(string(body), `"field":"timeout"`) {
+			t.Fatalf("stop ?timeout=%s: %d %s", v, status, body)
+		}
+	}
+
+	// trap starts a background process that writes TERM's marker NAME when
+	// TERM comes, and then exits or, with ignore, goes on; it returns once
+	// the trap is set.
+	trap := func(id, name string, ignore bool) {
+		t.Helper()
+		after := "exit 0"
+		if ignore {
+			after = ":"
+		}
+		script := fmt.Sprintf("trap 'echo term > /out/%[1]s; %[2]s' TERM; touch /out/%[1]s.ready; while :; do sleep 1; done", name, after)
+		if _, err := e.c.StartProcess(ctx, id, api.ExecRequest{Shell: script}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(host, name+".ready")); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process %s never set its trap", name)
+			}
+		}
+	}
+	marker := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(host, name))
+		return strings.TrimSpace(string(b))
+	}
+	state := func(id string) string {
+		got, err := e.c.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.State
+	}
+
+	// den stop: the process gets TERM, writes its marker and exits.
+	trap(sb.ID, "stop", false)
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := marker("stop"); got != "term" {
+		t.Fatalf("den stop: the TERM marker is %q: the process was killed without TERM", got)
+	}
+	if _, err := e.c.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.sh(t, sb.ID, "cat /out/stop").Stdout; strings.TrimSpace(string(out)) != "term" {
+		t.Fatalf("after start, marker: %q", out)
+	}
+
+	// A process that ignores TERM: it saw TERM, and the stop still ended
+	// (it was killed when the timeout, here 1 s, passed).
+	trap(sb.ID, "deaf", true)
+	if _, err := e.c.StopWithin(ctx, sb.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, st := marker("deaf"), state(sb.ID); got != "term" || st != api.StateStopped {
+		t.Fatalf("stop of a process that ignores TERM: marker %q, state %s", got, st)
+	}
+
+	// Hibernation without a memory checkpoint (the linux tier, this env's)
+	// stops the same way.
+	if _, err := e.c.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	trap(sb.ID, "sleep", false)
+	if _, err := e.c.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.c.Resume(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := marker("sleep"); got.Resumed != "restarted" || m != "term" {
+		t.Fatalf("hibernate on linux (resumed %s): the TERM marker is %q", got.Resumed, m)
+	}
+
+	// den rm -f kills at once: the same process, given a stop timeout of
+	// 5 minutes, never sees TERM.
+	rm := e.create(t, api.CreateRequest{Mounts: mounts, StopTimeout: ptr(api.Duration(5 * time.Minute))})
+	trap(rm.ID, "rm", false)
+	if err := e.c.Remove(ctx, rm.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := marker("rm"); got != "" {
+		t.Fatalf("den rm -f sent TERM first: marker %q", got)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
