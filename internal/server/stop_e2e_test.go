@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
+	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // A stop is graceful, as docker stop's: every process gets the stop
@@ -138,3 +139,38 @@ func TestGracefulStop(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The same agent path stops the gvisor and microvm tiers gracefully: a
+// process that traps TERM leaves its marker in the sandbox's files.
+func TestGracefulStopTiers(t *testing.T) {
+	for _, tier := range []string{"gvisor", "microvm"} {
+		t.Run(tier, func(t *testing.T) {
+			e := newTierEnv(t)
+			e.need(t, tier)
+			ctx := context.Background()
+			req := api.CreateRequest{Runtime: tier}
+			if tier == "microvm" {
+				req.Image = e2e.BusyboxImage(t, e.c)
+			}
+			sb := e.create(t, req)
+			script := "mkdir -p /root; trap 'echo term > /root/marker; exit 0' TERM; touch /root/ready; while :; do sleep 1; done"
+			if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: script}); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(60 * time.Second); e.sh(t, sb.ID, "test -e /root/ready").ExitCode != 0; time.Sleep(100 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the process never set its trap")
+				}
+			}
+			if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.c.Start(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			if out := strings.TrimSpace(string(e.sh(t, sb.ID, "cat /root/marker").Stdout)); out != "term" {
+				t.Fatalf("%s: after stop and start, the TERM marker is %q: the process was killed without TERM", tier, out)
+			}
+		})
+	}
+}
