@@ -174,3 +174,58 @@ func TestGracefulStopTiers(t *testing.T) {
 		})
 	}
 }
+
+// Postgres stopped with den stop shuts down cleanly: started again, its
+// log shows no crash recovery, and its data is there. It runs from the
+// host image (the host's postgres), as user postgres.
+func TestPostgresStopsCleanly(t *testing.T) {
+	if _, err := os.Stat("/usr/lib/postgresql/15/bin/postgres"); err != nil {
+		t.Skip("postgres 15 is not installed on this host")
+	}
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{})
+	bin := "/usr/lib/postgresql/15/bin/"
+	if r := e.sh(t, sb.ID, "mkdir -p /var/pg && chown postgres: /var/pg && su postgres -s /bin/sh -c '"+bin+"initdb -D /var/pg/data -A trust' >/dev/null"); r.ExitCode != 0 {
+		t.Fatalf("initdb: %s", r.Stderr)
+	}
+	start := func(log string) {
+		t.Helper()
+		script := "exec " + bin + "postgres -D /var/pg/data -k /var/pg -c listen_addresses= >/var/pg/" + log + " 2>&1"
+		if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: script, User: "postgres"}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(60 * time.Second); e.sh(t, sb.ID, bin+"pg_isready -q -U postgres -h /var/pg").ExitCode != 0; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("postgres did not start: %s", e.sh(t, sb.ID, "cat /var/pg/"+log).Stdout)
+			}
+		}
+	}
+	psql := func(sql string) string {
+		t.Helper()
+		r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{bin + "psql", "-h", "/var/pg", "-d", "postgres", "-At", "-c", sql}, User: "postgres", Workdir: "/var/pg"})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("psql %s: %v %+v", sql, err, r)
+		}
+		return strings.TrimSpace(string(r.Stdout))
+	}
+	start("log1")
+	psql("create table kept (v text); insert into kept values ('before stop')")
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	start("log2")
+	log := string(e.sh(t, sb.ID, "cat /var/pg/log1 /var/pg/log2").Stdout)
+	if !strings.Contains(log, "database system is shut down") || strings.Contains(log, "not properly shut down") || strings.Contains(log, "automatic recovery") {
+		t.Fatalf("postgres did not shut down cleanly:\n%s", log)
+	}
+	if testing.Verbose() {
+		t.Log(log)
+	}
+	if got := psql("select v from kept"); got != "before stop" {
+		t.Fatalf("data after stop and start: %q", got)
+	}
+}
