@@ -344,8 +344,8 @@ func (d durationValue) String() string {
 type optDurationValue struct{ p **api.Duration }
 
 func (d optDurationValue) Set(v string) error {
-	n, err := api.ParseDuration(v)
-	if err != nil {
+	var n api.Duration
+	if err := (durationValue{&n}).Set(v); err != nil {
 		return err
 	}
 	*d.p = &n

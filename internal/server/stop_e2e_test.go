@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/den-dev/den/api"
-	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // A stop is graceful, as docker stop's: every process gets the stop
@@ -148,11 +147,7 @@ func TestGracefulStopTiers(t *testing.T) {
 			e := newTierEnv(t)
 			e.need(t, tier)
 			ctx := context.Background()
-			req := api.CreateRequest{Runtime: tier}
-			if tier == "microvm" {
-				req.Image = e2e.BusyboxImage(t, e.c)
-			}
-			sb := e.create(t, req)
+			sb := e.createOn(t, tier)
 			script := "mkdir -p /root; trap 'echo term > /root/marker; exit 0' TERM; touch /root/ready; while :; do sleep 1; done"
 			if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: script}); err != nil {
 				t.Fatal(err)
