@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -222,5 +223,69 @@ func TestPostgresStopsCleanly(t *testing.T) {
 	}
 	if got := psql("select v from kept"); got != "before stop" {
 		t.Fatalf("data after stop and start: %q", got)
+	}
+}
+
+// Redis stopped with den stop saves its data (it writes its RDB file on
+// TERM) and has it after den start. It runs the host's redis-server, or
+// the one unpacked from Debian's packages (dpkg -x) under $DEN_REDIS_ROOT,
+// bound into the sandbox.
+func TestRedisKeepsData(t *testing.T) {
+	req := api.CreateRequest{}
+	bin, libs := "redis-", []string(nil)
+	if root := os.Getenv("DEN_REDIS_ROOT"); root != "" {
+		bin, libs = "/opt/redis/usr/bin/redis-", []string{"LD_LIBRARY_PATH=/opt/redis/usr/lib/x86_64-linux-gnu"}
+		req.Mounts = []api.BindMount{{Source: root, Target: "/opt/redis", ReadOnly: true}}
+		if _, err := os.Stat(filepath.Join(root, "usr/bin/redis-server")); err != nil {
+			t.Fatalf("DEN_REDIS_ROOT: %v", err)
+		}
+	} else if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed on this host (or set DEN_REDIS_ROOT to a dpkg -x of Debian's redis-server, redis-tools, libjemalloc2 and liblzf1)")
+	}
+	e := newEnvWith(t, 0, func(e *env) {
+		if len(req.Mounts) > 0 {
+			e.allow = []string{req.Mounts[0].Source}
+		}
+	})
+	ctx := context.Background()
+	sb := e.create(t, req)
+	cli := func(args ...string) string {
+		t.Helper()
+		r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: append([]string{bin + "cli", "-p", "6399"}, args...), Env: libs})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("redis-cli %v: %v %+v", args, err, r)
+		}
+		return strings.TrimSpace(string(r.Stdout))
+	}
+	start := func() {
+		t.Helper()
+		argv := []string{bin + "server", "--port", "6399", "--dir", "/var/redis", "--save", "3600 1"}
+		if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Cmd: argv, Env: libs}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			r, err := e.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{bin + "cli", "-p", "6399", "ping"}, Env: libs})
+			if err == nil && strings.TrimSpace(string(r.Stdout)) == "PONG" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redis did not start: %v %+v", err, r)
+			}
+		}
+	}
+	e.sh(t, sb.ID, "mkdir -p /var/redis")
+	start()
+	if got := cli("set", "kept", "before stop"); got != "OK" {
+		t.Fatalf("set: %q", got)
+	}
+	if _, err := e.c.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	start()
+	if got := cli("get", "kept"); got != "before stop" {
+		t.Fatalf("after stop and start, redis has %q: its data was not saved", got)
 	}
 }
