@@ -12,7 +12,7 @@ var verbStop = &verb{
 	summary:  "stop sandboxes: end their processes, keep their files",
 	synopsis: "[flags] ID...",
 	details: `As docker stop: every process gets the sandbox's stop signal (den create
---stop-signal, default TERM), then up to its stop timeout (--stop-timeout,
+--stop-signal, default TERM; one on a terminal is hung up too), then up to its stop timeout (--stop-timeout,
 default 10s; -t here for this stop) to end; what is left is killed. A
 service (den exec -d --restart) is not restarted while the sandbox stops
 and starts again with it.`,

@@ -54,6 +54,11 @@ func (a *Agent) handleStop(w http.ResponseWriter, r *http.Request) {
 	pids := sandboxProcs()
 	for _, pid := range pids {
 		syscall.Kill(pid, sig)
+		// A terminal's shell ignores TERM: it is hung up, as when the
+		// terminal closes.
+		if procStat(pid).tty {
+			syscall.Kill(pid, syscall.SIGHUP)
+		}
 	}
 	deadline := time.Now().Add(req.Timeout.D())
 	left := pids
@@ -94,6 +99,7 @@ func sandboxProcs() []int {
 
 type statEntry struct {
 	ok, zombie, kthread bool
+	tty                 bool // it has a controlling terminal
 	ppid                int
 }
 
@@ -114,7 +120,7 @@ func procStat(pid int) statEntry {
 	if len(f) < 7 {
 		return statEntry{}
 	}
-	e := statEntry{ok: true, zombie: string(f[0]) == "Z"}
+	e := statEntry{ok: true, zombie: string(f[0]) == "Z", tty: string(f[4]) != "0"}
 	e.ppid, _ = strconv.Atoi(string(f[1]))
 	flags, _ := strconv.ParseUint(string(f[6]), 10, 64)
 	e.kthread = flags&pfKthread != 0

@@ -50,6 +50,18 @@ func TestGracefulStop(t *testing.T) {
 		}
 	}
 
+	// ready waits for process NAME's file NAME.ready: its trap is set.
+	ready := func(name string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(host, name+".ready")); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process %s never set its trap", name)
+			}
+		}
+	}
 	// trap starts a background process that writes TERM's marker NAME when
 	// TERM comes, and then exits or, with ignore, goes on; it returns once
 	// the trap is set.
@@ -63,14 +75,7 @@ func TestGracefulStop(t *testing.T) {
 		if _, err := e.c.StartProcess(ctx, id, api.ExecRequest{Shell: script}); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if _, err := os.Stat(filepath.Join(host, name+".ready")); err == nil {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("process %s never set its trap", name)
-			}
-		}
+		ready(name)
 	}
 	marker := func(name string) string {
 		b, _ := os.ReadFile(filepath.Join(host, name))
@@ -101,12 +106,21 @@ func TestGracefulStop(t *testing.T) {
 
 	// A process that ignores TERM: it saw TERM, and the stop still ended
 	// (it was killed when the timeout, here 1 s, passed).
+	// An interactive shell on a terminal ignores TERM: it is hung up.
 	trap(sb.ID, "deaf", true)
+	tty := "trap 'echo hup > /out/tty; exit' HUP; touch /out/tty.ready; while :; do sleep 1; done"
+	if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Cmd: []string{"/bin/bash", "--norc", "--noprofile", "-i", "-c", tty}, TTY: true, Rows: 24, Cols: 80}); err != nil {
+		t.Fatal(err)
+	}
+	ready("tty")
 	if _, err := e.c.StopWithin(ctx, sb.ID, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if got, st := marker("deaf"), state(sb.ID); got != "term" || st != api.StateStopped {
 		t.Fatalf("stop of a process that ignores TERM: marker %q, state %s", got, st)
+	}
+	if got := marker("tty"); got != "hup" {
+		t.Fatalf("stop of a shell on a terminal: HUP marker %q", got)
 	}
 
 	// Hibernation without a memory checkpoint (the linux tier, this env's)
