@@ -87,6 +87,7 @@ type Manager struct {
 	// Each feature's state is a type of its own, whose mutex guards it:
 	locks  keyedLocks  // lifecycle locks: one operation at a time per sandbox (and per snapshot:ID, volume:NAME)
 	act    activity    // last use and requests in flight per sandbox (idle timeout, active time)
+	idling idSet       // sandboxes whose idle action runs (stop.go: a graceful stop may wait minutes)
 	meters meterSet    // usage accounting of running sandboxes (usage.go)
 	net    netTable    // id-range slots and egress policies (network.go)
 	procs  procCache   // agents' recent process lists (procs.go; attribution, sleeping processes)
@@ -1028,19 +1029,30 @@ func (m *Manager) stopIdle(now time.Time) {
 		if busy || now.Sub(last) < rec.IdleTimeout.D() {
 			continue
 		}
-		switch rec.IdleAction {
-		case api.IdlePause:
-			_, err = m.Pause(context.Background(), id)
-		case api.IdleHibernate:
-			_, err = m.Hibernate(context.Background(), id)
-		default:
-			_, err = m.Stop(context.Background(), id)
-		}
-		if err != nil {
-			m.log.Warn("idle timeout", "id", id, "action", rec.IdleAction, "err", err)
+		// Each idle action runs on its own: a graceful stop waits up to
+		// the sandbox's stop timeout, which must not hold up the others.
+		if !m.idling.add(id) {
 			continue
 		}
-		m.event(id, "sandbox.idle", map[string]any{"idle": now.Sub(last).Round(time.Second).String(), "action": cmp.Or(rec.IdleAction, api.IdleStop)})
+		m.wg.Add(1) // inside expireLoop's own count: Close waits for it
+		go func(rec *record, idle time.Duration) {
+			defer m.wg.Done()
+			defer m.idling.remove(id)
+			var err error
+			switch rec.IdleAction {
+			case api.IdlePause:
+				_, err = m.Pause(context.Background(), id)
+			case api.IdleHibernate:
+				_, err = m.Hibernate(context.Background(), id)
+			default:
+				_, err = m.Stop(context.Background(), id)
+			}
+			if err != nil {
+				m.log.Warn("idle timeout", "id", id, "action", rec.IdleAction, "err", err)
+				return
+			}
+			m.event(id, "sandbox.idle", map[string]any{"idle": idle.Round(time.Second).String(), "action": cmp.Or(rec.IdleAction, api.IdleStop)})
+		}(rec, now.Sub(last))
 	}
 }
 

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"cmp"
 	"context"
+	"sync"
 	"time"
 
 	"github.com/den-dev/den/api"
@@ -88,4 +89,30 @@ func (m *Manager) signalStop(ctx context.Context, rec *record, b isolate.Box, gr
 	if res.Left > 0 {
 		m.log.Info("stop timeout: killing what is left", "id", rec.ID, "left", res.Left, "timeout", grace)
 	}
+}
+
+// idSet is a set of sandbox ids, safe for concurrent use.
+type idSet struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+// add puts id in the set; false when it was there already.
+func (s *idSet) add(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids[id] {
+		return false
+	}
+	if s.ids == nil {
+		s.ids = map[string]bool{}
+	}
+	s.ids[id] = true
+	return true
+}
+
+func (s *idSet) remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
 }

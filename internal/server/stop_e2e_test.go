@@ -303,3 +303,49 @@ func TestRedisKeepsData(t *testing.T) {
 		t.Fatalf("after stop and start, redis has %q: its data was not saved", got)
 	}
 }
+
+// The idle timeout's graceful stop of one sandbox, waiting out its stop
+// timeout, does not hold up another's: the second sandbox goes idle while
+// the first one's stop waits, and stops before it.
+func TestIdleStopsDoNotWaitInLine(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	slow := e.create(t, api.CreateRequest{IdleTimeout: api.Duration(time.Second), StopTimeout: ptr(api.Duration(20 * time.Second))})
+	quick := e.create(t, api.CreateRequest{IdleTimeout: api.Duration(time.Second)})
+	if _, err := e.c.StartProcess(ctx, slow.ID, api.ExecRequest{Shell: "trap '' TERM; while :; do sleep 1; done"}); err != nil {
+		t.Fatal(err)
+	}
+	// An exec keeps quick busy past its idle timeout, while slow goes idle
+	// and its stop begins to wait out its 20 s.
+	if r := e.sh(t, quick.ID, "sleep 4; echo done"); string(r.Stdout) != "done\n" {
+		t.Fatalf("long exec: %q", r.Stdout)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		q, err := e.c.Get(ctx, quick.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := e.c.Get(ctx, slow.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.State == api.StateStopped {
+			t.Fatalf("the idle stop of %s (quick: %s) waited for the stop of %s", quick.ID[:12], q.State, slow.ID[:12])
+		}
+		if q.State == api.StateStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("quick never stopped as idle (%s)", q.State)
+		}
+	}
+	// slow's stop ends when its timeout has passed.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if s, _ := e.c.Get(ctx, slow.ID); s != nil && s.State == api.StateStopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("slow never stopped")
+		}
+	}
+}
