@@ -88,6 +88,7 @@ type Manager struct {
 	locks  keyedLocks  // lifecycle locks: one operation at a time per sandbox (and per snapshot:ID, volume:NAME)
 	act    activity    // last use and requests in flight per sandbox (idle timeout, active time)
 	idling idSet       // sandboxes whose idle action runs (stop.go: a graceful stop may wait minutes)
+	stops  stopWaits   // graceful stops' waits, which den rm -f cuts short (stop.go)
 	meters meterSet    // usage accounting of running sandboxes (usage.go)
 	net    netTable    // id-range slots and egress policies (network.go)
 	procs  procCache   // agents' recent process lists (procs.go; attribution, sleeping processes)
@@ -789,6 +790,9 @@ func (m *Manager) Start(ctx context.Context, id string) (*api.Sandbox, error) {
 
 // Remove deletes a sandbox and its files. A running sandbox needs force.
 func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
+	if force {
+		m.cutStopWait(ctx, id)
+	}
 	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return err

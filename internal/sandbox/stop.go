@@ -80,6 +80,8 @@ func (m *Manager) signalStop(ctx context.Context, rec *record, b isolate.Box, gr
 	}
 	ctx, cancel := context.WithTimeout(ctx, grace+10*time.Second)
 	defer cancel()
+	m.stops.set(rec.ID, cancel)
+	defer m.stops.set(rec.ID, nil)
 	req := agent.StopRequest{Signal: cmp.Or(rec.StopSignal, "TERM"), Timeout: api.Duration(grace)}
 	var res agent.StopResult
 	if err := ag.JSON(ctx, "POST", agent.PathStop, nil, req, &res); err != nil {
@@ -88,6 +90,37 @@ func (m *Manager) signalStop(ctx context.Context, rec *record, b isolate.Box, gr
 	}
 	if res.Left > 0 {
 		m.log.Info("stop timeout: killing what is left", "id", rec.ID, "left", res.Left, "timeout", grace)
+	}
+}
+
+// stopWaits holds the cancel of each graceful stop's wait, by sandbox: a
+// removal with force cuts the wait short (den rm -f kills at once, even
+// while a stop waits).
+type stopWaits struct {
+	mu     sync.Mutex
+	cancel map[string]context.CancelFunc
+}
+
+// set records id's wait (nil: it is over).
+func (w *stopWaits) set(id string, cancel context.CancelFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if cancel == nil {
+		delete(w.cancel, id)
+		return
+	}
+	if w.cancel == nil {
+		w.cancel = map[string]context.CancelFunc{}
+	}
+	w.cancel[id] = cancel
+}
+
+// cut ends id's wait, if one runs; the stop then kills at once.
+func (w *stopWaits) cut(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c := w.cancel[id]; c != nil {
+		c()
 	}
 }
 
@@ -115,4 +148,13 @@ func (s *idSet) remove(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.ids, id)
+}
+
+// cutStopWait ends the wait of a graceful stop of sandbox id (an id,
+// prefix or name) that runs now, so that a removal with force, which
+// waits for the sandbox's lock, kills at once.
+func (m *Manager) cutStopWait(ctx context.Context, id string) {
+	if rec, err := m.get(ctx, id); err == nil {
+		m.stops.cut(rec.ID)
+	}
 }

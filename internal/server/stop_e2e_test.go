@@ -349,3 +349,42 @@ func TestIdleStopsDoNotWaitInLine(t *testing.T) {
 		}
 	}
 }
+
+// den rm -f while a stop waits out a long stop timeout cuts the wait
+// short: the removal (and the stop) end without waiting 5 minutes.
+func TestForceRemoveCutsStopWait(t *testing.T) {
+	host := t.TempDir()
+	os.Chmod(host, 0o777)
+	e := newEnvWith(t, 0, func(e *env) { e.allow = []string{host} })
+	ctx := context.Background()
+	sb := e.create(t, api.CreateRequest{Mounts: []api.BindMount{{Source: host, Target: "/out"}}, StopTimeout: ptr(api.Duration(5 * time.Minute))})
+	if _, err := e.c.StartProcess(ctx, sb.ID, api.ExecRequest{Shell: "trap 'echo term > /out/term' TERM; while :; do sleep 1; done"}); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	go func() { _, err := e.c.Stop(ctx, sb.ID); stopped <- err }()
+	// The stop has sent TERM and waits.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(host, "term")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stop never sent TERM")
+		}
+	}
+	removed := make(chan error, 1)
+	go func() { removed <- e.c.Remove(ctx, sb.ID, true) }()
+	for _, ch := range []chan error{removed, stopped} {
+		select {
+		case err := <-ch:
+			if err != nil && api.KindOf(err) != api.KindNotFound {
+				t.Fatal(err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("den rm -f waited for the stop's 5-minute timeout")
+		}
+	}
+	if _, err := e.c.Get(ctx, sb.ID); api.KindOf(err) != api.KindNotFound {
+		t.Fatalf("after rm -f: %v", err)
+	}
+}
