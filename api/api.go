@@ -57,6 +57,9 @@ type Sandbox struct {
 	Network    NetworkPolicy `json:"network"`
 	// ShmSize is the size of the sandbox's /dev/shm (0: 64 MiB).
 	ShmSize Size `json:"shm_size,omitempty"`
+	// StopSignal and StopTimeout: see CreateRequest.
+	StopSignal  string    `json:"stop_signal,omitempty"`
+	StopTimeout *Duration `json:"stop_timeout,omitempty"`
 	// Volumes and Mounts are attached at every start.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 	Mounts  []BindMount   `json:"mounts,omitempty"`
@@ -118,6 +121,14 @@ type CreateRequest struct {
 	// ShmSize sizes /dev/shm, a tmpfs in the sandbox's memory: 1 MiB to
 	// the sandbox's memory limit (0: 64 MiB, as Docker's --shm-size).
 	ShmSize Size `json:"shm_size,omitempty"`
+	// StopSignal is the signal a stop (den stop, the idle timeout,
+	// hibernation without a memory checkpoint) sends every process first:
+	// a name with or without SIG, or a number (default TERM, as Docker's
+	// --stop-signal). StopTimeout is how long the stop then waits for the
+	// processes to end before it kills what is left: 0 to 5m (default
+	// 10s, as Docker's --stop-timeout; 0 kills at once).
+	StopSignal  string    `json:"stop_signal,omitempty"`
+	StopTimeout *Duration `json:"stop_timeout,omitempty"`
 	// From creates the sandbox from a snapshot (its files, and its image,
 	// environment and limits unless the request sets them).
 	From    string        `json:"from,omitempty"`

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"time"
 
 	"github.com/den-dev/den/api"
 )
@@ -85,9 +86,25 @@ func (c *Client) Get(ctx context.Context, id string) (*api.Sandbox, error) {
 	return c.sandboxCall(ctx, http.MethodGet, id, "")
 }
 
-// Stop stops a sandbox: its processes are killed, its files kept.
+// Stop stops a sandbox, its files kept: its processes get its stop signal
+// (default TERM) and its stop timeout (default 10 s) to end, then SIGKILL.
 func (c *Client) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
 	return c.sandboxCall(ctx, http.MethodPost, id, "/stop")
+}
+
+// StopWithin stops a sandbox as Stop does, waiting up to timeout in place
+// of its stop timeout (0 kills at once), as docker stop -t.
+func (c *Client) StopWithin(ctx context.Context, id string, timeout time.Duration) (*api.Sandbox, error) {
+	p, err := sandboxPath(id, "/stop")
+	if err != nil {
+		return nil, err
+	}
+	var sb api.Sandbox
+	q := url.Values{"timeout": {timeout.String()}}
+	if err := c.call(ctx, http.MethodPost, p, q, nil, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
 }
 
 // Start starts a stopped sandbox.

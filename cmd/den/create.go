@@ -38,6 +38,8 @@ type sandboxOpts struct {
 	pids                       int
 	ttl, idleTimeout           api.Duration
 	idleAction, from           string
+	stopSignal                 string
+	stopTimeout                *api.Duration
 	disk                       api.Size
 	volumes, mounts            []string
 	net                        netOpts
@@ -58,6 +60,8 @@ func (o *sandboxOpts) define(f *flagSet) {
 	f.Var(durationValue{&o.ttl}, "ttl", "", "DURATION", "remove the sandbox after this long, like 1h")
 	f.Var(durationValue{&o.idleTimeout}, "idle-timeout", "", "DURATION", "stop the sandbox after this long without exec, file or process activity, like 30m (files are kept; den start resumes it)")
 	f.Var(stringValue{&o.idleAction}, "idle-action", "", "ACTION", "what the idle timeout does: stop (default), pause (freeze, memory kept) or hibernate (memory freed, files kept); any use resumes the sandbox")
+	f.Var(stringValue{&o.stopSignal}, "stop-signal", "", "SIGNAL", "signal den stop (and the idle timeout) sends every process first, like INT or SIGQUIT (default TERM)")
+	f.Var(optDurationValue{&o.stopTimeout}, "stop-timeout", "", "DURATION", "how long den stop waits for the processes after the stop signal before it kills them, like 30s (default 10s; 0 kills at once; at most 5m)")
 	f.Var(sizeValue{&o.disk}, "disk", "", "SIZE", "disk quota of the sandbox's own files, like 10g (enforced by the kernel; default: the daemon's --default-disk, see den info)")
 	f.Var(stringValue{&o.from}, "from", "", "SNAPSHOT", "start from a snapshot's files (and its image and settings unless flags say otherwise)")
 	f.Var(listValue{&o.volumes, checkVolume}, "volume", "v", "NAME:/PATH[:ro]", "attach a volume (den volume create; repeatable)")
@@ -108,6 +112,8 @@ func (o *sandboxOpts) request(v *verb, stderr io.Writer) (api.CreateRequest, err
 		TTL:         o.ttl,
 		IdleTimeout: o.idleTimeout,
 		IdleAction:  o.idleAction,
+		StopSignal:  o.stopSignal,
+		StopTimeout: o.stopTimeout,
 		Network:     network,
 		From:        o.from,
 		Volumes:     vols,

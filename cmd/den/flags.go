@@ -339,6 +339,25 @@ func (d durationValue) String() string {
 	return d.p.String()
 }
 
+// optDurationValue is a durationValue that stays nil unless set, for a
+// flag whose 0 differs from its default (--stop-timeout 0 kills at once).
+type optDurationValue struct{ p **api.Duration }
+
+func (d optDurationValue) Set(v string) error {
+	var n api.Duration
+	if err := (durationValue{&n}).Set(v); err != nil {
+		return err
+	}
+	*d.p = &n
+	return nil
+}
+func (d optDurationValue) String() string {
+	if d.p == nil || *d.p == nil {
+		return ""
+	}
+	return (*d.p).String()
+}
+
 // listValue collects a repeatable flag; check validates and may rewrite
 // each value (returning "" drops it).
 type listValue struct {

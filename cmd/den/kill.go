@@ -13,7 +13,9 @@ var verbKill = &verb{
 descendants that left it (setsid) or outlived it (see DESCENDANTS in den ps);
 for a process that has exited, to what it left running. SIGNAL is a name
 with or without SIG (TERM, SIGINT) or a number; the default is KILL. den
-prints each PROC it signalled.`,
+prints each PROC it signalled. A signal never ends a service's restart
+policy (den exec -d --restart): a service it ends runs again; den stop
+or den rm of the sandbox end its services.`,
 	example: `den kill web p1
 		den kill -s TERM web p1 p2`,
 	run: cmdKill,

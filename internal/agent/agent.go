@@ -124,6 +124,7 @@ func (a *Agent) routes(mux router) {
 	mux.HandleFunc("GET "+ProcPath("{id}", ProcWait), a.handleWait)
 	mux.HandleFunc("GET "+ProcPath("{id}", ProcTTY), a.handleTTY)
 	mux.HandleFunc("GET "+PathDial, a.handleDial)
+	mux.HandleFunc("POST "+PathStop, a.handleStop)
 	mux.HandleFunc("POST "+PathSync, func(w http.ResponseWriter, r *http.Request) {
 		// Writes cached by the sandbox's own kernel (gVisor's sentry, a
 		// microVM's guest) reach the files the daemon snapshots.

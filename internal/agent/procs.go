@@ -312,9 +312,8 @@ func (a *Agent) handleSignal(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
-	if p.service != nil {
-		p.service.stop() // a kill through the API is final for a service
-	}
+	// A signal never ends a service's restart policy (the rule, and
+	// unlike docker kill): a service the signal ends is started again.
 	// A finished process's signal goes to what it left running (its tree).
 	if isDone(p) && p.service == nil && !leftAlive(p) {
 		WriteError(w, api.Errorf(api.KindConflict, "process %s has already exited and left no process running", p.ID))

@@ -22,6 +22,7 @@ const (
 	PathProcs    = "/procs"        // POST ExecSpec: start a background process; GET: list them
 	PathDial     = "/dial"         // GET ?port=, upgraded: a TCP connection to the sandbox's loopback
 	PathSync     = "/sync"         // POST: flush the sandbox's writes to its disk
+	PathStop     = "/stop"         // POST StopRequest: signal every process, wait for them (a graceful stop's first half)
 	ProcOutput   = "/output"       // ProcPath suffix, GET: the process's output as an api framed stream
 	ProcSignal   = "/signal"       // ProcPath suffix, POST api.SignalRequest
 	ProcStdin    = "/stdin"        // ProcPath suffix, POST the bytes (?close=true ends stdin)

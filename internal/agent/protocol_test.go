@@ -78,6 +78,7 @@ func TestProtocolNamesEveryRoute(t *testing.T) {
 		{"GET", ProcPath("p1", ProcTTY)},
 		{"GET", PathDial},
 		{"POST", PathSync},
+		{"POST", PathStop},
 	}
 	// The list above uses every constant of protocol.go.
 	used := map[string]bool{}

@@ -10,7 +10,8 @@ import (
 // A service is a background process the agent starts again when it ends,
 // as systemd would for a unit with Restart=always or on-failure. Every run
 // keeps the process id and writes to the same output rings, so logs read
-// across restarts; a kill through the API stops the service for good.
+// across restarts. A signal through the API (den kill) never ends the
+// policy: only stopping or removing the sandbox does.
 type service struct {
 	id       string
 	res      *resolved
@@ -87,7 +88,7 @@ func (a *Agent) replace(p *Process) {
 	}
 }
 
-// stop ends a service for good (a kill through the API).
+// stop ends a service's restarts: the sandbox is stopping.
 func (svc *service) stop() {
 	svc.mu.Lock()
 	svc.stopped = true

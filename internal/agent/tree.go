@@ -68,23 +68,12 @@ func readProcs() procTable {
 }
 
 func readProc(pid int) (procEntry, bool) {
-	dir := "/proc/" + strconv.Itoa(pid)
-	stat, err := os.ReadFile(dir + "/stat")
-	if err != nil {
+	st := procStat(pid)
+	if !st.ok {
 		return procEntry{}, false
 	}
-	// pid (comm) state ppid ...; comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return procEntry{}, false
-	}
-	f := bytes.Fields(stat[i+1:])
-	if len(f) < 2 {
-		return procEntry{}, false
-	}
-	e := procEntry{pid: pid}
-	e.ppid, _ = strconv.Atoi(string(f[1]))
-	if env, err := os.ReadFile(dir + "/environ"); err == nil { // empty for zombies and kernel threads
+	e := procEntry{pid: pid, ppid: st.ppid}
+	if env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ"); err == nil { // empty for zombies and kernel threads
 		e.mark = envValue(env, procMarkEnv)
 	}
 	return e, true

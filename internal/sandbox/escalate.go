@@ -44,7 +44,7 @@ func (m *Manager) Escalate(ctx context.Context, id string, req api.EscalateReque
 	wasUp := rec.State != api.StateStopped && rec.State != api.StateFailed
 	// Stopping drops a hibernated sandbox's memory too: it belongs to the
 	// old tier.
-	if err := m.haltLocked(ctx, rec, api.StateStopped); err != nil {
+	if err := m.haltLocked(ctx, rec, api.StateStopped, stopGrace(rec, nil)); err != nil {
 		return nil, err
 	}
 	spec, err := m.spec(ctx, rec)

@@ -246,30 +246,6 @@ type service struct {
 	Proc string          `json:"proc"` // its process id in the current run of the sandbox
 }
 
-// ProcessKilled forgets a service killed through the API; proc is the
-// process's id or name (names never look like ids, see agent.ResolveProc).
-func (m *Manager) ProcessKilled(ctx context.Context, id, proc string) {
-	rec, err := m.get(ctx, id)
-	if err != nil {
-		return
-	}
-	unlock := m.lock(rec.ID)
-	defer unlock()
-	if rec, err = m.get(ctx, rec.ID); err != nil {
-		return
-	}
-	kept := rec.Services[:0]
-	for _, s := range rec.Services {
-		if s.Proc != proc && s.Req.Name != proc {
-			kept = append(kept, s)
-		}
-	}
-	if len(kept) != len(rec.Services) {
-		rec.Services = kept
-		m.put(ctx, rec)
-	}
-}
-
 // startServices starts a booted sandbox's services again. Call with the
 // sandbox locked.
 func (m *Manager) startServices(ctx context.Context, rec *record, ag *agent.Client) {

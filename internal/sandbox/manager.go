@@ -87,6 +87,8 @@ type Manager struct {
 	// Each feature's state is a type of its own, whose mutex guards it:
 	locks  keyedLocks  // lifecycle locks: one operation at a time per sandbox (and per snapshot:ID, volume:NAME)
 	act    activity    // last use and requests in flight per sandbox (idle timeout, active time)
+	idling idSet       // sandboxes whose idle action runs (stop.go: a graceful stop may wait minutes)
+	stops  stopWaits   // graceful stops' waits, which den rm -f cuts short (stop.go)
 	meters meterSet    // usage accounting of running sandboxes (usage.go)
 	net    netTable    // id-range slots and egress policies (network.go)
 	procs  procCache   // agents' recent process lists (procs.go; attribution, sleeping processes)
@@ -714,26 +716,19 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]*api.Sa
 	return out, nil
 }
 
-// Stop kills a sandbox's processes and keeps its files. Idempotent.
+// Stop stops a sandbox's processes (gracefully: see StopWithin) and keeps
+// its files. Idempotent.
 func (m *Manager) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
-	rec, unlock, err := m.lockRecord(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if err := m.stopLocked(ctx, rec); err != nil {
-		return nil, err
-	}
-	return &rec.Sandbox, nil
-}
-
-func (m *Manager) stopLocked(ctx context.Context, rec *record) error {
-	return m.haltLocked(ctx, rec, api.StateStopped)
+	return m.StopWithin(ctx, id, nil)
 }
 
 // haltLocked ends every process of a sandbox, keeps its files and records
-// it in state (stopped or hibernated).
-func (m *Manager) haltLocked(ctx context.Context, rec *record, state string) error {
+// it in state (stopped or hibernated). A running sandbox's processes get
+// its stop signal and up to grace to end before they are killed.
+func (m *Manager) haltLocked(ctx context.Context, rec *record, state string, grace time.Duration) error {
+	if b := m.box(rec.ID); b != nil && grace > 0 && rec.State == api.StateRunning {
+		m.signalStop(ctx, rec, b, grace)
+	}
 	m.mu.Lock()
 	b := m.boxes[rec.ID]
 	delete(m.boxes, rec.ID)
@@ -792,6 +787,9 @@ func (m *Manager) Start(ctx context.Context, id string) (*api.Sandbox, error) {
 
 // Remove deletes a sandbox and its files. A running sandbox needs force.
 func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
+	if force {
+		m.cutStopWait(ctx, id)
+	}
 	rec, unlock, err := m.lockRecord(ctx, id)
 	if err != nil {
 		return err
@@ -971,6 +969,7 @@ func (m *Manager) applyRequest(rec *record, req *api.CreateRequest, owner string
 	rec.Limits, rec.TTL, rec.CreatedAt = m.limits(req.Limits), req.TTL, now
 	rec.IdleTimeout, rec.IdleAction = req.IdleTimeout, req.IdleAction
 	rec.Volumes, rec.Mounts, rec.ShmSize = req.Volumes, req.Mounts, req.ShmSize
+	rec.StopSignal, rec.StopTimeout = req.StopSignal, req.StopTimeout
 	rec.Network = api.NetworkPolicy{Mode: api.NetNone}
 	if req.Network != nil {
 		rec.Network = *req.Network
@@ -1031,19 +1030,30 @@ func (m *Manager) stopIdle(now time.Time) {
 		if busy || now.Sub(last) < rec.IdleTimeout.D() {
 			continue
 		}
-		switch rec.IdleAction {
-		case api.IdlePause:
-			_, err = m.Pause(context.Background(), id)
-		case api.IdleHibernate:
-			_, err = m.Hibernate(context.Background(), id)
-		default:
-			_, err = m.Stop(context.Background(), id)
-		}
-		if err != nil {
-			m.log.Warn("idle timeout", "id", id, "action", rec.IdleAction, "err", err)
+		// Each idle action runs on its own: a graceful stop waits up to
+		// the sandbox's stop timeout, which must not hold up the others.
+		if !m.idling.add(id) {
 			continue
 		}
-		m.event(id, "sandbox.idle", map[string]any{"idle": now.Sub(last).Round(time.Second).String(), "action": cmp.Or(rec.IdleAction, api.IdleStop)})
+		m.wg.Add(1) // inside expireLoop's own count: Close waits for it
+		go func(rec *record, idle time.Duration) {
+			defer m.wg.Done()
+			defer m.idling.remove(id)
+			var err error
+			switch rec.IdleAction {
+			case api.IdlePause:
+				_, err = m.Pause(context.Background(), id)
+			case api.IdleHibernate:
+				_, err = m.Hibernate(context.Background(), id)
+			default:
+				_, err = m.Stop(context.Background(), id)
+			}
+			if err != nil {
+				m.log.Warn("idle timeout", "id", id, "action", rec.IdleAction, "err", err)
+				return
+			}
+			m.event(id, "sandbox.idle", map[string]any{"idle": idle.Round(time.Second).String(), "action": cmp.Or(rec.IdleAction, api.IdleStop)})
+		}(rec, now.Sub(last))
 	}
 }
 

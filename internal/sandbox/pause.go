@@ -68,7 +68,14 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (*api.Sandbox, error
 		m.fetchProcs(rec.ID, b, 2*time.Second) // what ps shows while it sleeps
 	}
 	saved, why := m.checkpoint(ctx, rec)
-	if err := m.haltLocked(ctx, rec, api.StateHibernated); err != nil {
+	// A sandbox whose memory was saved comes back where it was: its
+	// processes must not see a stop signal first (their files would then
+	// disagree with their memory). Without a checkpoint it stops gracefully.
+	grace := stopGrace(rec, nil)
+	if saved {
+		grace = 0
+	}
+	if err := m.haltLocked(ctx, rec, api.StateHibernated, grace); err != nil {
 		return nil, err
 	}
 	if rec.Checkpoint != saved {

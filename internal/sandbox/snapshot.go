@@ -433,7 +433,8 @@ func (m *Manager) Restore(ctx context.Context, id string, req api.RestoreRequest
 	}
 	wasUp := rec.State == api.StateRunning || rec.State == api.StatePaused
 	if wasUp {
-		if err := m.haltLocked(ctx, rec, api.StateStopped); err != nil {
+		// No grace: the files the processes would save are replaced.
+		if err := m.haltLocked(ctx, rec, api.StateStopped, 0); err != nil {
 			return nil, err
 		}
 	}

@@ -108,5 +108,11 @@ func validateCreate(req *api.CreateRequest) error {
 	default:
 		return api.FieldError("idle_action", "%q: use stop, pause or hibernate", req.IdleAction)
 	}
+	if err := checkStopSignal(req.StopSignal); err != nil {
+		return err
+	}
+	if err := checkStopTimeout("stop_timeout", req.StopTimeout); err != nil {
+		return err
+	}
 	return validateLimits(req.Limits)
 }

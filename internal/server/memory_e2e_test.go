@@ -9,7 +9,6 @@ import (
 
 	"github.com/den-dev/den/api"
 	"github.com/den-dev/den/client"
-	"github.com/den-dev/den/internal/testenv/e2e"
 )
 
 // Snapshots and forks that keep processes, on each tier with memory
@@ -24,11 +23,7 @@ func testMemorySnapshots(t *testing.T, tier string) {
 	e := newTierEnv(t)
 	e.need(t, tier)
 	ctx := context.Background()
-	req := api.CreateRequest{Runtime: tier}
-	if tier == "microvm" {
-		req.Image = e2e.BusyboxImage(t, e.c)
-	}
-	sb := e.create(t, req)
+	sb := e.createOn(t, tier)
 	defer e.c.Remove(ctx, sb.ID, true)
 	e.sh(t, sb.ID, "mkdir -p /root && echo one > /root/f")
 	e.ticker(t, sb.ID)

@@ -317,14 +317,22 @@ func TestServices(t *testing.T) {
 	if out, _, _, _ := logs(t, b); strings.Count(out, "run\n") < 4 {
 		t.Fatalf("logs across restarts: %q", out)
 	}
-	// Killing a service through the API is final, by name as by id.
-	if status, _ := e.raw(t, "POST", base+"/crashy/kill", nil); status != 204 {
-		t.Fatalf("kill service: %d", status)
-	}
-	n := get(crash.ID).Restarts
-	time.Sleep(1500 * time.Millisecond)
-	if m := get(crash.ID).Restarts; m > n+1 {
-		t.Fatalf("killed service kept restarting: %d → %d", n, m)
+	// A signal through the API never ends a service's restart policy,
+	// by name as by id: an always service killed with KILL, then with
+	// TERM, runs again each time.
+	_, svc, _ := start(api.ExecRequest{Shell: "sleep 1000", Restart: "always", Name: "steady"})
+	for i, sig := range []string{"KILL", "TERM"} {
+		b, _ := json.Marshal(api.SignalRequest{Signal: sig})
+		if status, _ := e.raw(t, "POST", base+"/steady/kill", bytes.NewReader(b)); status != 204 {
+			t.Fatalf("kill -s %s service: %d", sig, status)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for info := get(svc.ID); info.Restarts <= i || info.State != api.ProcRunning; info = get(svc.ID) {
+			if time.Now().After(deadline) {
+				t.Fatalf("service killed with %s did not run again: %+v", sig, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	// on-failure does not restart a clean exit.
 	_, ok, _ := start(api.ExecRequest{Shell: "exit 0", Restart: "on-failure"})
@@ -346,18 +354,18 @@ func TestServices(t *testing.T) {
 	_, b = e.raw(t, "GET", base, nil)
 	var all []api.ProcessInfo
 	json.Unmarshal(b, &all)
-	// Services start again with the sandbox (like enabled units at boot);
-	// the one killed through the API does not.
-	var web2 *api.ProcessInfo
+	// Services start again with the sandbox (like enabled units at boot),
+	// the killed ones too.
+	var web2, steady2 *api.ProcessInfo
 	for i := range all {
-		if all[i].Name == "crashy" {
-			t.Fatalf("a killed service came back: %s", b)
-		}
-		if all[i].Name == "web" {
+		switch all[i].Name {
+		case "web":
 			web2 = &all[i]
+		case "steady":
+			steady2 = &all[i]
 		}
 	}
-	if len(all) != 2 || web2 == nil || web2.State != api.ProcRunning || web2.Restart != "always" {
+	if len(all) != 4 || web2 == nil || steady2 == nil || steady2.State != api.ProcRunning || web2.State != api.ProcRunning || web2.Restart != "always" {
 		t.Fatalf("after start, processes: %s", b)
 	}
 }

@@ -105,7 +105,7 @@ func (s *Server) routes() {
 	h("POST /v1/sandboxes", s.create)
 	h("GET /v1/sandboxes", s.list)
 	h("GET /v1/sandboxes/{id}", byID(s.m.Get))
-	h("POST /v1/sandboxes/{id}/stop", byID(s.m.Stop))
+	h("POST /v1/sandboxes/{id}/stop", s.stop)
 	h("POST /v1/sandboxes/{id}/start", byID(s.m.Start))
 	h("POST /v1/sandboxes/{id}/pause", byID(s.m.Pause))
 	h("POST /v1/sandboxes/{id}/resume", byID(s.m.Resume))
@@ -241,6 +241,26 @@ func boolParam(r *http.Request, name string) (bool, error) {
 		return false, api.FieldError(name, "%q is not true or false", v)
 	}
 	return b, nil
+}
+
+// stop stops a sandbox; ?timeout= (a duration, or seconds) overrides its
+// stop timeout for this stop, as docker stop -t.
+func (s *Server) stop(w http.ResponseWriter, r *http.Request) {
+	var timeout *api.Duration
+	if v := r.URL.Query().Get("timeout"); v != "" {
+		d, err := api.ParseDuration(v)
+		if err != nil {
+			writeError(w, api.FieldError("timeout", "%q is not a duration like 30s or a number of seconds", v))
+			return
+		}
+		timeout = &d
+	}
+	sb, err := s.m.StopWithin(r.Context(), r.PathValue("id"), timeout)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, sb)
 }
 
 func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
@@ -523,7 +543,6 @@ func (s *Server) procProxy(method, suffix string) http.HandlerFunc {
 			}
 			b, _ := json.Marshal(req)
 			body = bytes.NewReader(b)
-			defer func() { s.m.ProcessKilled(context.WithoutCancel(r.Context()), r.PathValue("id"), r.PathValue("proc")) }()
 		case agent.ProcStdin:
 			if _, err := boolParam(r, "close"); err != nil {
 				writeError(w, err)

@@ -139,6 +139,17 @@ func TestTiersBadInput(t *testing.T) {
 	}
 }
 
+// createOn creates a sandbox on tier: the host image, or busybox on
+// microvm (a guest boots an image's files).
+func (e *env) createOn(t *testing.T, tier string) *api.Sandbox {
+	t.Helper()
+	req := api.CreateRequest{Runtime: tier}
+	if tier == "microvm" {
+		req.Image = e2e.BusyboxImage(t, e.c)
+	}
+	return e.create(t, req)
+}
+
 func TestGvisorSandbox(t *testing.T) {
 	e := newTierEnv(t)
 	e.need(t, "gvisor")
