@@ -5,7 +5,7 @@
 set -euo pipefail
 
 need_go=$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$(dirname "$0")/../go.mod")
-pkgs=(ca-certificates git util-linux iproute2 bubblewrap python3 python3-venv busybox-static mmdebstrap tmux nftables curl btrfs-progs e2fsprogs runsc qemu-system-x86 linux-image-cloud-amd64 erofs-utils openssh-client openssh-server chromium)
+pkgs=(ca-certificates git util-linux iproute2 bubblewrap python3 python3-venv busybox-static mmdebstrap tmux nftables curl btrfs-progs e2fsprogs runsc qemu-system-x86 linux-image-cloud-amd64 erofs-utils openssh-client openssh-server chromium postgresql)
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -39,3 +39,20 @@ if ! go version -m /usr/local/bin/runsc 2>/dev/null | grep -q "gvisor.dev/gvisor
   echo "deps: building runsc ${runsc_version} (about 2 minutes)" >&2
   CGO_ENABLED=0 GOBIN=/usr/local/bin go install "gvisor.dev/gvisor/runsc@${runsc_version}"
 fi
+
+# Redis for TestRedisKeepsData (a graceful stop keeps its data), unpacked from
+# Debian's packages into a cache directory rather than installed, so that no
+# redis service starts on the host; the test binds it into its sandbox.
+redis_root=/var/cache/den-ci/redis-root
+if [ ! -x "$redis_root/usr/bin/redis-server" ]; then
+  echo "deps: unpacking redis-server into $redis_root" >&2
+  dl=$(mktemp -d)
+  chmod 755 "$dl" # apt's download user writes there
+  redis_debs=(redis-server redis-tools libjemalloc2 liblzf1)
+  (cd "$dl" && apt-get download -qq "${redis_debs[@]}" >/dev/null 2>&1) ||
+    { apt-get update -qq && (cd "$dl" && apt-get download -qq "${redis_debs[@]}" >/dev/null); }
+  mkdir -p "$redis_root"
+  for deb in "$dl"/*.deb; do dpkg -x "$deb" "$redis_root"; done
+  rm -rf "$dl"
+fi
+export DEN_REDIS_ROOT=$redis_root
