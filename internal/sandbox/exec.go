@@ -122,6 +122,11 @@ func (m *Manager) Exec(ctx context.Context, id string, req api.ExecRequest, out 
 	}
 	st.Denied = m.endDenials(w, proc, time.Now())
 	m.event(sb.ID, "exec.end", execEnd(proc, argv, user, st))
+	if state, ok := m.stops.stopping(sb.ID); ok {
+		// The command ended on the stop signal of a graceful stop: the
+		// answer is the one a request cut off by the stop gets.
+		return nil, api.Errorf(api.KindConflict, "sandbox %s %s while the request ran", sb.ID[:12], state)
+	}
 	return st, nil
 }
 

@@ -727,7 +727,10 @@ func (m *Manager) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
 // its stop signal and up to grace to end before they are killed.
 func (m *Manager) haltLocked(ctx context.Context, rec *record, state string, grace time.Duration) error {
 	if b := m.box(rec.ID); b != nil && grace > 0 && rec.State == api.StateRunning {
-		m.signalStop(ctx, rec, b, grace)
+		// Until the box is stopped, a command that ends answers as one cut
+		// off by the stop (stopWaits.stopping).
+		defer m.stops.set(rec.ID, "", nil)
+		m.signalStop(ctx, rec, b, state, grace)
 	}
 	m.mu.Lock()
 	b := m.boxes[rec.ID]

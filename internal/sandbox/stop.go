@@ -72,16 +72,17 @@ func (m *Manager) StopWithin(ctx context.Context, id string, timeout *api.Durati
 // signalStop is a graceful stop's first half: the agent ends the services'
 // restarts, sends the stop signal to every process of the sandbox and
 // waits up to grace for them to end. A failure is logged: the kill that
-// follows ends the processes anyway.
-func (m *Manager) signalStop(ctx context.Context, rec *record, b isolate.Box, grace time.Duration) {
+// follows ends the processes anyway. state is what the sandbox becomes
+// (stopped, hibernated): a request whose command ends meanwhile answers
+// that the sandbox was stopped while it ran (see stopWaits.stopping).
+func (m *Manager) signalStop(ctx context.Context, rec *record, b isolate.Box, state string, grace time.Duration) {
 	ag := b.Agent()
 	if ag == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, grace+10*time.Second)
 	defer cancel()
-	m.stops.set(rec.ID, cancel)
-	defer m.stops.set(rec.ID, nil)
+	m.stops.set(rec.ID, state, cancel) // cleared by haltLocked once the box is stopped
 	req := agent.StopRequest{Signal: cmp.Or(rec.StopSignal, "TERM"), Timeout: api.Duration(grace)}
 	var res agent.StopResult
 	if err := ag.JSON(ctx, "POST", agent.PathStop, nil, req, &res); err != nil {
@@ -93,35 +94,51 @@ func (m *Manager) signalStop(ctx context.Context, rec *record, b isolate.Box, gr
 	}
 }
 
-// stopWaits holds the cancel of each graceful stop's wait, by sandbox: a
-// removal with force cuts the wait short (den rm -f kills at once, even
-// while a stop waits).
+// stopWaits holds each graceful stop's wait, by sandbox: a removal with
+// force cuts the wait short (den rm -f kills at once, even while a stop
+// waits), and a command that ends during the wait is known to have ended
+// because its sandbox is being stopped.
 type stopWaits struct {
-	mu     sync.Mutex
-	cancel map[string]context.CancelFunc
+	mu    sync.Mutex // guards waits
+	waits map[string]stopWait
 }
 
-// set records id's wait (nil: it is over).
-func (w *stopWaits) set(id string, cancel context.CancelFunc) {
+// A stopWait is one graceful stop in progress.
+type stopWait struct {
+	state  string // what the sandbox becomes: stopped, hibernated
+	cancel context.CancelFunc
+}
+
+// set records id's wait (cancel nil: it is over).
+func (w *stopWaits) set(id, state string, cancel context.CancelFunc) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if cancel == nil {
-		delete(w.cancel, id)
+		delete(w.waits, id)
 		return
 	}
-	if w.cancel == nil {
-		w.cancel = map[string]context.CancelFunc{}
+	if w.waits == nil {
+		w.waits = map[string]stopWait{}
 	}
-	w.cancel[id] = cancel
+	w.waits[id] = stopWait{state, cancel}
 }
 
 // cut ends id's wait, if one runs; the stop then kills at once.
 func (w *stopWaits) cut(id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if c := w.cancel[id]; c != nil {
-		c()
+	if sw, ok := w.waits[id]; ok {
+		sw.cancel()
 	}
+}
+
+// stopping says whether a graceful stop of id is under way, and what the
+// sandbox becomes.
+func (w *stopWaits) stopping(id string) (state string, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sw, ok := w.waits[id]
+	return sw.state, ok
 }
 
 // idSet is a set of sandbox ids, safe for concurrent use.
