@@ -96,7 +96,9 @@ func (v CgroupView) Usage(id string) Usage {
 // reads for each box (on v2 one group has them all).
 var V1Controllers = []string{"memory", "cpu", "cpuacct", "pids"}
 
-func write(path, v string) error {
+// WriteFile writes v to the kernel file path (a cgroup interface file), as
+// one write, naming the path when the kernel refuses it.
+func WriteFile(path, v string) error {
 	if err := os.WriteFile(path, []byte(v), 0); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -145,8 +147,8 @@ func RemoveParent(root, name string) ([]string, error) {
 		})
 	}
 	for _, g := range groups {
-		write(filepath.Join(g, "cgroup.freeze"), "0")      // v2 (absent on v1)
-		write(filepath.Join(g, "freezer.state"), "THAWED") // v1 freezer
+		WriteFile(filepath.Join(g, "cgroup.freeze"), "0")      // v2 (absent on v1)
+		WriteFile(filepath.Join(g, "freezer.state"), "THAWED") // v1 freezer
 		b, _ := os.ReadFile(filepath.Join(g, "cgroup.procs"))
 		for _, f := range strings.Fields(string(b)) {
 			if pid, err := strconv.Atoi(f); err == nil {
@@ -230,7 +232,7 @@ func (v CgroupView) Place(id string, pid int) error {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("create cgroup: %w", err)
 		}
-		if err := write(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+		if err := WriteFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
 			return err
 		}
 	}

@@ -21,13 +21,6 @@ func detectCgroups(root, parent string) cgroups {
 	return cgroups{host.DetectView(root, parent)}
 }
 
-func write(path, v string) error {
-	if err := os.WriteFile(path, []byte(v), 0); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}
-
 // setLimits applies l (zero fields: unlimited) to a running box's groups.
 func (cg cgroups) setLimits(id string, l isolate.Limits) error {
 	if _, err := os.Stat(cg.Dir(id, "memory")); err != nil {
@@ -45,13 +38,13 @@ func (cg cgroups) setLimits(id string, l isolate.Limits) error {
 		if l.Pids > 0 {
 			pids = strconv.FormatInt(hostPids(l.Pids), 10)
 		}
-		if err := write(filepath.Join(d, "memory.max"), mem); err != nil {
+		if err := host.WriteFile(filepath.Join(d, "memory.max"), mem); err != nil {
 			return err
 		}
-		if err := write(filepath.Join(d, "cpu.max"), cpu+" "+strconv.Itoa(cpuPeriod)); err != nil {
+		if err := host.WriteFile(filepath.Join(d, "cpu.max"), cpu+" "+strconv.Itoa(cpuPeriod)); err != nil {
 			return err
 		}
-		return write(filepath.Join(d, "pids.max"), pids)
+		return host.WriteFile(filepath.Join(d, "pids.max"), pids)
 	}
 	mem, cpu, pids := "-1", "-1", "max"
 	if l.Memory > 0 {
@@ -63,12 +56,12 @@ func (cg cgroups) setLimits(id string, l isolate.Limits) error {
 	if l.Pids > 0 {
 		pids = strconv.FormatInt(hostPids(l.Pids), 10)
 	}
-	if err := write(filepath.Join(cg.Dir(id, "memory"), "memory.limit_in_bytes"), mem); err != nil {
+	if err := host.WriteFile(filepath.Join(cg.Dir(id, "memory"), "memory.limit_in_bytes"), mem); err != nil {
 		return err
 	}
-	write(filepath.Join(cg.Dir(id, "cpu"), "cpu.cfs_period_us"), strconv.Itoa(cpuPeriod))
-	if err := write(filepath.Join(cg.Dir(id, "cpu"), "cpu.cfs_quota_us"), cpu); err != nil {
+	host.WriteFile(filepath.Join(cg.Dir(id, "cpu"), "cpu.cfs_period_us"), strconv.Itoa(cpuPeriod))
+	if err := host.WriteFile(filepath.Join(cg.Dir(id, "cpu"), "cpu.cfs_quota_us"), cpu); err != nil {
 		return err
 	}
-	return write(filepath.Join(cg.Dir(id, "pids"), "pids.max"), pids)
+	return host.WriteFile(filepath.Join(cg.Dir(id, "pids"), "pids.max"), pids)
 }

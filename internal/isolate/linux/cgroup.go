@@ -91,16 +91,9 @@ func (cg *cgroups) Create(id string, l isolate.Limits) error {
 	}
 	if !cg.V2 {
 		// Keep OOM kills inside the group and let the kernel report them.
-		write(filepath.Join(cg.dir(id, "memory"), "memory.swappiness"), "0")
+		host.WriteFile(filepath.Join(cg.dir(id, "memory"), "memory.swappiness"), "0")
 	}
 	return cg.SetLimits(id, l)
-}
-
-func write(path, v string) error {
-	if err := os.WriteFile(path, []byte(v), 0); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }
 
 // SetLimits applies l; zero fields mean unlimited.
@@ -118,37 +111,37 @@ func (cg *cgroups) SetLimits(id string, l isolate.Limits) error {
 		if l.Pids > 0 {
 			pids = strconv.Itoa(l.Pids)
 		}
-		if err := write(filepath.Join(d, "memory.max"), mem); err != nil {
+		if err := host.WriteFile(filepath.Join(d, "memory.max"), mem); err != nil {
 			return err
 		}
 		if l.Memory > 0 {
-			write(filepath.Join(d, "memory.swap.max"), "0") // absent without swap accounting
+			host.WriteFile(filepath.Join(d, "memory.swap.max"), "0") // absent without swap accounting
 		}
-		if err := write(filepath.Join(d, "cpu.max"), cpu+" "+strconv.Itoa(period)); err != nil {
+		if err := host.WriteFile(filepath.Join(d, "cpu.max"), cpu+" "+strconv.Itoa(period)); err != nil {
 			return err
 		}
-		return write(filepath.Join(d, "pids.max"), pids)
+		return host.WriteFile(filepath.Join(d, "pids.max"), pids)
 	}
 	mem := "-1"
 	if l.Memory > 0 {
 		mem = strconv.FormatInt(l.Memory, 10)
 	}
 	md := cg.dir(id, "memory")
-	if err := write(filepath.Join(md, "memory.limit_in_bytes"), mem); err != nil {
+	if err := host.WriteFile(filepath.Join(md, "memory.limit_in_bytes"), mem); err != nil {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(md, "memory.memsw.limit_in_bytes")); err == nil {
-		write(filepath.Join(md, "memory.memsw.limit_in_bytes"), mem)
+		host.WriteFile(filepath.Join(md, "memory.memsw.limit_in_bytes"), mem)
 	}
 	cd := cg.dir(id, "cpu")
-	if err := write(filepath.Join(cd, "cpu.cfs_period_us"), strconv.Itoa(period)); err != nil {
+	if err := host.WriteFile(filepath.Join(cd, "cpu.cfs_period_us"), strconv.Itoa(period)); err != nil {
 		return err
 	}
 	quota := "-1"
 	if l.CPUs > 0 {
 		quota = strconv.Itoa(int(l.CPUs * period))
 	}
-	if err := write(filepath.Join(cd, "cpu.cfs_quota_us"), quota); err != nil {
+	if err := host.WriteFile(filepath.Join(cd, "cpu.cfs_quota_us"), quota); err != nil {
 		return err
 	}
 	pids := "max"
@@ -162,13 +155,13 @@ func (cg *cgroups) SetLimits(id string, l isolate.Limits) error {
 	if err := os.Mkdir(cmds, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create cgroup: %w", err)
 	}
-	return write(filepath.Join(cmds, "pids.max"), pids)
+	return host.WriteFile(filepath.Join(cmds, "pids.max"), pids)
 }
 
 // Add moves pid into the box's groups.
 func (cg *cgroups) Add(id string, pid int) error {
 	for _, d := range cg.dirs(id) {
-		if err := write(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+		if err := host.WriteFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
 			return err
 		}
 	}
@@ -218,7 +211,7 @@ func (cg *cgroups) MoveLauncher(id string, tid int) error {
 	if cg.V2 {
 		return nil
 	}
-	return write(filepath.Join(cg.dir(id, "pids"), "cmds", "tasks"), strconv.Itoa(tid))
+	return host.WriteFile(filepath.Join(cg.dir(id, "pids"), "cmds", "tasks"), strconv.Itoa(tid))
 }
 
 // Procs lists the host pids in the box's groups.
@@ -287,12 +280,12 @@ func (cg *cgroups) Freeze(ctx context.Context, id string, frozen bool) error {
 			// Still FREEZING now and then: ask again, which kicks tasks
 			// that were busy in the kernel the first time (as runc does).
 			if polls++; polls%8 == 0 {
-				return false, write(file, value)
+				return false, host.WriteFile(file, value)
 			}
 			return false, nil
 		}
 	}
-	if err := write(file, value); err != nil {
+	if err := host.WriteFile(file, value); err != nil {
 		return err
 	}
 	// Each process freezes itself when it next runs, so a freeze takes
@@ -320,9 +313,9 @@ func (cg *cgroups) Freeze(ctx context.Context, id string, frozen bool) error {
 // Thaw lets the box's processes run if they were frozen, without waiting.
 func (cg *cgroups) Thaw(id string) {
 	if cg.V2 {
-		write(filepath.Join(cg.dir(id, ""), "cgroup.freeze"), "0")
+		host.WriteFile(filepath.Join(cg.dir(id, ""), "cgroup.freeze"), "0")
 	} else if cg.freezer {
-		write(filepath.Join(cg.dir(id, v1Freezer), "freezer.state"), "THAWED")
+		host.WriteFile(filepath.Join(cg.dir(id, v1Freezer), "freezer.state"), "THAWED")
 	}
 }
 
@@ -357,7 +350,7 @@ func (cg *cgroups) joinFreezer(id string) error {
 		for _, pid := range cg.Procs(id) {
 			if !moved[pid] {
 				moved[pid], more = true, true
-				write(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)) // it may have exited
+				host.WriteFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)) // it may have exited
 			}
 		}
 		if !more {
